@@ -1,0 +1,1 @@
+"""Conformance tests, shipped inside the package and run through ``hisparse-hal conformance``."""

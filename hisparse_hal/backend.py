@@ -1,0 +1,388 @@
+"""The vendor-neutral backend contract, ``HiSparseBackend``, and the logic every vendor shares.
+
+Members and argument order follow the reference interface (vllm.v1.hisparse.backend). The shared
+parts live here once: descriptor validation against known regions, chunked host registration with
+rollback, KV config validation and views, one-pass gathers. A vendor overrides the hooks named
+``_enqueue_swap``, ``_register_host_chunk``/``_unregister_host_chunk`` and the event and capture
+members; a member it does not implement raises ``UnsupportedCapabilityError`` naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+
+import torch
+
+from .capabilities import Capabilities
+from .errors import InvalidArgumentError, UnsupportedCapabilityError
+from .events import CapturedGraph, HalEvent
+from .gather import gather_rows
+from .host_registration import (
+    PAGE_BYTES,
+    HostRegistration,
+    default_chunk_bytes,
+    plan_host_chunks,
+    register_in_chunks,
+)
+from .kv_cache import KVCacheConfig, build_views, validate_config
+from .regions import Region, RegionTable, SwapBatch
+from .stats import new_stats_counter
+
+if TYPE_CHECKING:
+    from .registry import ProbeResult
+
+__all__ = ["HiSparseBackend", "CacheOps"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheOps:
+    """What ``create_cache_ops`` returns: the per-step operations bound to one backend and runtime.
+
+    Every member is safe to call every decode step; swaps and gathers run on the current stream.
+    """
+
+    backend: "HiSparseBackend"
+    runtime: Any
+
+    def swap_blocks_batch(self, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
+        """See :meth:`HiSparseBackend.swap_blocks_batch`."""
+        self.backend.swap_blocks_batch(src, dst, sizes)
+
+    def gather_resident_rows(self, source: torch.Tensor, destination: torch.Tensor, row_ids: torch.Tensor) -> None:
+        """See :meth:`HiSparseBackend.gather_resident_rows`."""
+        self.backend.gather_resident_rows(source, destination, row_ids)
+
+    def new_stats_counter(self) -> torch.Tensor:
+        """A zeroed ``[hits, misses]`` counter of the backend's ``stats_dtype`` on its device."""
+        return new_stats_counter(self.backend.device, self.backend.stats_dtype)
+
+
+class HiSparseBackend:
+    """Device operations for HiSparse KV-cache offload, one instance per device.
+
+    Subclasses set ``name`` and implement ``device``, ``capabilities`` and the vendor hooks. Probing
+    is not done here: see :mod:`hisparse_hal.registry`.
+    """
+
+    #: Registry name of the backend (``"cuda"``, ``"rocm"``, ``"cpu"``, ...).
+    name: ClassVar[str] = "abstract"
+
+    def __init__(self) -> None:
+        self.regions = RegionTable()
+        #: Largest single host registration; tests and conformance may lower it to force chunking.
+        self.host_chunk_bytes = default_chunk_bytes()
+        self._lock = threading.RLock()
+        self._pins: dict[tuple[int, int], tuple[HostRegistration, tuple[Region, ...]]] = {}
+        self._cache_regions: tuple[Region, ...] = ()
+        self._explicit: dict[int, Region] = {}
+
+    @classmethod
+    def from_probe(cls, probe: "ProbeResult") -> "HiSparseBackend":
+        """Construct from the probe result that selected this backend (its facts: versions, devices)."""
+        return cls()
+
+    # ----------------------------------------------------------------- identity and capabilities
+    @property
+    def device(self) -> torch.device:
+        """The ``torch.device`` this backend's KV caches live on."""
+        raise self._unsupported("device")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend can do on its device (stable across calls)."""
+        raise self._unsupported("capabilities")
+
+    @property
+    def supports_shared_host_pool(self) -> bool:
+        """Whether all local tensor-parallel ranks may share one pinned host pool."""
+        return self.capabilities.shared_host_pool
+
+    @property
+    def stats_dtype(self) -> torch.dtype:
+        """Dtype of the ``[hits, misses]`` device counter."""
+        return self.capabilities.stats_dtype
+
+    def check_available(self) -> None:
+        """Raise ``BackendUnavailableError`` (with the reason) when this backend's probe fails.
+
+        A backend that is not registered (built by a factory) has no probe and is taken as available.
+        """
+        from .registry import check_registered_backend
+
+        check_registered_backend(self.name)
+
+    def _unsupported(self, member: str) -> UnsupportedCapabilityError:
+        return UnsupportedCapabilityError(
+            f"backend {self.name!r} ({type(self).__qualname__}) does not implement {member}"
+        )
+
+    # ----------------------------------------------------------------- host pinning
+    def pin_tensor(self, tensor: torch.Tensor) -> None:
+        """Pin (page-lock and register) a host tensor so swaps may target it.
+
+        Registration happens in chunks of at most ``host_chunk_bytes`` that end on page and block
+        boundaries (block = one slice along dim 0); if any chunk fails, the registered ones are
+        released in reverse order and nothing stays pinned.
+
+        Raises:
+            InvalidArgumentError: not a tensor, not on the CPU, not contiguous, empty, or overlapping a
+                tensor or region already known (naming it).
+            DeviceRuntimeError: the vendor's registration call failed (after rollback).
+        """
+        address, size = self._host_range(tensor, "pin_tensor")
+        block_bytes = (tensor[0].numel() * tensor.element_size()) if tensor.dim() >= 2 else PAGE_BYTES
+        with self._lock:
+            if (address, size) in self._pins:
+                raise InvalidArgumentError(
+                    f"pin_tensor: tensor at {address:#x} ({size} bytes) is already pinned; "
+                    "unpin it first"
+                )
+            for region in self.regions:
+                if address < region.end and region.start < address + size:
+                    raise InvalidArgumentError(
+                        f"pin_tensor: tensor at {address:#x} ({size} bytes) overlaps known region "
+                        f"{region.label!r} [{region.start:#x}, {region.end:#x})"
+                    )
+            plan = plan_host_chunks(address, size, block_bytes, self.host_chunk_bytes)
+            if len(plan) > 1:
+                log.info("pinning %d bytes at %#x in %d chunks", size, address, len(plan))
+            chunks = register_in_chunks(plan, self._register_host_chunk, self._unregister_host_chunk)
+            added: list[Region] = []
+            try:
+                for i, chunk in enumerate(chunks):
+                    label = f"pinned host {address:#x} chunk {i + 1}/{len(chunks)}"
+                    added.append(
+                        self.regions.add(
+                            Region(chunk.address, chunk.size, "pinned_host", label, torch.device("cpu"), chunk.device_alias)
+                        )
+                    )
+            except BaseException:
+                for region in added:
+                    self.regions.remove(region)
+                for chunk in reversed(chunks):
+                    self._unregister_host_chunk(chunk.address, chunk.size)
+                raise
+            record = HostRegistration(
+                address, size, chunks, self._host_page_locked(), chunks[0].device_alias
+            )
+            self._pins[(address, size)] = (record, tuple(added))
+
+    def unpin_tensor(self, tensor: torch.Tensor) -> None:
+        """Release a tensor pinned with :meth:`pin_tensor`, chunk by chunk in reverse order.
+
+        Raises:
+            InvalidArgumentError: the tensor is not a pinned host tensor of this backend.
+        """
+        address, size = self._host_range(tensor, "unpin_tensor")
+        with self._lock:
+            entry = self._pins.pop((address, size), None)
+            if entry is None:
+                raise InvalidArgumentError(
+                    f"unpin_tensor: tensor at {address:#x} ({size} bytes) was not pinned by "
+                    f"backend {self.name!r}"
+                )
+            record, regions = entry
+            for region in regions:
+                self.regions.remove(region)
+            for chunk in reversed(record.chunks):
+                self._unregister_host_chunk(chunk.address, chunk.size)
+
+    def host_registration(self, tensor: torch.Tensor) -> HostRegistration:
+        """The registration record of a pinned tensor (chunks, page-lock state, device alias).
+
+        Raises:
+            InvalidArgumentError: the tensor is not pinned by this backend.
+        """
+        address, size = self._host_range(tensor, "host_registration")
+        with self._lock:
+            entry = self._pins.get((address, size))
+        if entry is None:
+            raise InvalidArgumentError(f"tensor at {address:#x} ({size} bytes) is not pinned by {self.name!r}")
+        return entry[0]
+
+    def pinned_registrations(self) -> tuple[HostRegistration, ...]:
+        """Every live host registration, in no particular order."""
+        with self._lock:
+            return tuple(record for record, _ in self._pins.values())
+
+    def _host_range(self, tensor: object, member: str) -> tuple[int, int]:
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidArgumentError(f"{member}: expected a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.device.type != "cpu":
+            raise InvalidArgumentError(f"{member}: tensor must be in host memory, got device {tensor.device}")
+        if not tensor.is_contiguous():
+            raise InvalidArgumentError(f"{member}: tensor must be contiguous, got strides {tensor.stride()}")
+        size = tensor.numel() * tensor.element_size()
+        if size == 0:
+            raise InvalidArgumentError(f"{member}: tensor is empty (shape {tuple(tensor.shape)})")
+        return tensor.data_ptr(), size
+
+    def _register_host_chunk(self, address: int, size: int, index: int) -> int | None:
+        """Vendor hook: register one host chunk; return its device alias or None."""
+        raise self._unsupported("pin_tensor")
+
+    def _unregister_host_chunk(self, address: int, size: int) -> None:
+        """Vendor hook: release one host chunk registered by ``_register_host_chunk``."""
+        raise self._unsupported("unpin_tensor")
+
+    def _host_page_locked(self) -> bool:
+        """Vendor hook: whether registered host memory is really page-locked."""
+        return True
+
+    # ----------------------------------------------------------------- explicit regions
+    def register_region(self, address: int, size: int, label: str = "", *, device: torch.device | None = None) -> Region:
+        """Make ``[address, address + size)`` a valid swap source or destination.
+
+        For memory the backend did not pin and no cache view covers (a staging buffer, say).
+
+        Raises:
+            InvalidArgumentError: non-positive size, negative address, or overlap with a known region.
+        """
+        if not isinstance(address, int) or not isinstance(size, int):
+            raise InvalidArgumentError(f"register_region: address and size must be ints, got {address!r}, {size!r}")
+        region = Region(address, size, "explicit", label or f"explicit {address:#x}", device or self.device)
+        with self._lock:
+            self.regions.add(region)
+            self._explicit[address] = region
+        return region
+
+    def unregister_region(self, region: Region) -> None:
+        """Forget a region added with :meth:`register_region`.
+
+        Raises:
+            InvalidArgumentError: the region was not registered explicitly.
+        """
+        with self._lock:
+            if self._explicit.get(region.start) != region:
+                raise InvalidArgumentError(f"unregister_region: {region.label!r} was not registered explicitly")
+            self.regions.remove(region)
+            del self._explicit[region.start]
+
+    # ----------------------------------------------------------------- KV cache config and views
+    def validate_kv_cache_config(self, kv_cache_config: KVCacheConfig) -> None:
+        """Validate device cache formats before allocating or pinning storage.
+
+        Raises:
+            InvalidArgumentError: a malformed config (see :func:`hisparse_hal.kv_cache.validate_config`).
+            UnsupportedCapabilityError: a format this device cannot hold.
+        """
+        validate_config(kv_cache_config, self.capabilities.kv_formats, self._where())
+
+    def _where(self) -> str:
+        arch = self.capabilities.versions.get("arch")
+        return f"backend {self.name!r}" + (f" ({arch})" if arch else "")
+
+    def prepare_kv_cache_views(
+        self,
+        kv_cache_config: KVCacheConfig,
+        kv_caches: dict[str, Any],
+        forward_context: dict[str, Any],
+    ) -> None:
+        """Replace each layer's entry in ``kv_caches`` by a typed view of the same storage.
+
+        Each layer becomes ``[num_blocks, block_size, row_width]`` of the format's dtype at its offset,
+        and its byte range becomes a known swap region (replacing those of an earlier call). Nothing is
+        allocated, owned or kept per step; ``forward_context`` is accepted for interface parity and left
+        untouched. On error nothing changes.
+
+        Raises:
+            InvalidArgumentError, UnsupportedCapabilityError: as :meth:`validate_kv_cache_config`, or a
+                layer missing, misplaced, too small or overlapping another.
+        """
+        self.validate_kv_cache_config(kv_cache_config)
+        views = build_views(kv_cache_config, kv_caches, self.device)
+        with self._lock:
+            previous = self._cache_regions
+            for region in previous:
+                self.regions.remove(region)
+            added: list[Region] = []
+            try:
+                for layer in kv_cache_config.layers:
+                    view = views[layer.name]
+                    added.append(
+                        self.regions.add(
+                            Region(view.data_ptr(), kv_cache_config.layer_bytes, "device_cache", f"kv layer {layer.name!r}", self.device)
+                        )
+                    )
+            except BaseException:
+                for region in added:
+                    self.regions.remove(region)
+                for region in previous:
+                    self.regions.add(region)
+                raise
+            self._cache_regions = tuple(added)
+        kv_caches.update(views)
+
+    # ----------------------------------------------------------------- per-step operations
+    def create_cache_ops(self, runtime: Any) -> CacheOps:
+        """The per-step operations bound to ``runtime`` (see :class:`CacheOps`)."""
+        return CacheOps(self, runtime)
+
+    def swap_blocks_batch(self, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
+        """Enqueue copies of ``sizes[i]`` bytes from ``src[i]`` to ``dst[i]`` on the current stream.
+
+        The whole batch is checked first: three 1-D int64 CPU tensors of equal length, sizes >= 0, and
+        every range inside one known region (pinned host tensor, prepared cache layer, or explicit
+        region). The descriptor arrays may be reused once this returns; the data must stay valid until
+        the stream reaches the copy. Batches over ``capabilities.max_batch_descriptors`` are chunked.
+
+        Raises:
+            InvalidDescriptorError: naming the first bad descriptor; nothing was copied.
+            DeviceRuntimeError: the vendor's copy call failed.
+        """
+        batch = self.regions.check_swap_batch(src, dst, sizes)
+        if batch.count == 0:
+            return
+        self._enqueue_swap(batch)
+
+    def _enqueue_swap(self, batch: SwapBatch) -> None:
+        """Vendor hook: copy a validated, non-empty batch on the current stream."""
+        raise self._unsupported("swap_blocks_batch")
+
+    def gather_resident_rows(self, source: torch.Tensor, destination: torch.Tensor, row_ids: torch.Tensor) -> None:
+        """Copy resident rows into staging without changing their payload format.
+
+        Row id ``b * block_size + o`` names row ``o`` of block ``b`` of ``source``
+        (``[num_blocks, block_size, row_width]``, possibly strided); ``-1`` reads row 0. When dtypes
+        differ the bytes are preserved. One pass into ``destination``, asynchronous on the current
+        stream. Outside a capture, ids are range-checked first.
+
+        Raises:
+            InvalidArgumentError: bad types, devices, shapes, or an id out of range (naming it).
+        """
+        for name, value in (("source", source), ("destination", destination)):
+            if isinstance(value, torch.Tensor) and value.device != self.device:
+                raise InvalidArgumentError(
+                    f"gather {name} is on {value.device}, but backend {self.name!r} runs on {self.device}"
+                )
+        gather_rows(source, destination, row_ids, check_range=not self.is_current_stream_capturing())
+
+    # ----------------------------------------------------------------- graphs and events
+    def is_current_stream_capturing(self) -> bool:
+        """True while the current stream is being captured (any status but "none"). Never creates a
+        device context."""
+        raise self._unsupported("is_current_stream_capturing")
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[CapturedGraph]:
+        """Capture this backend's work on the current stream; yields a graph with ``replay()``."""
+        raise self._unsupported("capture")
+        yield  # pragma: no cover
+
+    def create_ipc_event(self) -> HalEvent:
+        """Create an event that can be exported to another process."""
+        raise self._unsupported("create_ipc_event")
+
+    def export_event(self, event: HalEvent) -> bytes:
+        """A picklable handle for ``event``, to pass to :meth:`import_event` in another process."""
+        raise self._unsupported("export_event")
+
+    def import_event(self, device: torch.device, handle: bytes) -> HalEvent:
+        """Open an event exported by another process on ``device``."""
+        raise self._unsupported("import_event")

@@ -1,0 +1,87 @@
+"""Typed errors raised by hisparse-hal.
+
+Every error says what was wrong, with which value, and what to do. Each class also derives from the
+built-in exception an engine would naturally catch (``RuntimeError``, ``ValueError``, ...), so callers
+written against plain Python exceptions keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HalError",
+    "BackendUnavailableError",
+    "InvalidArgumentError",
+    "InvalidDescriptorError",
+    "UnsupportedCapabilityError",
+    "CaptureMisuseError",
+    "DeviceRuntimeError",
+    "EventTimeoutError",
+]
+
+
+class HalError(Exception):
+    """Base class of every error hisparse-hal raises on purpose."""
+
+
+class BackendUnavailableError(HalError, RuntimeError):
+    """No usable backend: an unknown or unavailable name, a tie, or a failed vendor probe.
+
+    ``table`` holds the rendered probe table when the error came from selection.
+    """
+
+    def __init__(self, message: str, table: str | None = None) -> None:
+        super().__init__(message if table is None else f"{message}\n\n{table}")
+        self.table = table
+
+
+class InvalidArgumentError(HalError, ValueError):
+    """An argument has the wrong type, dtype, device, shape or value."""
+
+
+class InvalidDescriptorError(InvalidArgumentError):
+    """A swap descriptor batch was rejected before anything was copied.
+
+    ``index`` is the first bad descriptor (or None when the batch as a whole is malformed).
+    """
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+class UnsupportedCapabilityError(HalError, NotImplementedError):
+    """The backend does not implement a member, or lacks the capability an operation needs."""
+
+
+class CaptureMisuseError(HalError, RuntimeError):
+    """An operation that cannot run inside a graph capture was called while capturing,
+    or ``capture()``/``replay()`` was used out of order. The capture itself stays usable."""
+
+
+class DeviceRuntimeError(HalError, RuntimeError):
+    """A vendor runtime call returned an error code.
+
+    ``code`` is the numeric status, ``error_name`` its symbolic name (``CUDA_ERROR_INVALID_VALUE``,
+    ``hipErrorInvalidValue``), ``call`` the runtime function and ``index`` the failing descriptor of a
+    batch when the runtime reports one.
+    """
+
+    def __init__(
+        self,
+        call: str,
+        code: int,
+        error_name: str,
+        detail: str = "",
+        index: int | None = None,
+    ) -> None:
+        where = f" at descriptor {index}" if index is not None else ""
+        extra = f": {detail}" if detail else ""
+        super().__init__(f"{call} failed with {error_name} ({code}){where}{extra}")
+        self.call = call
+        self.code = code
+        self.error_name = error_name
+        self.index = index
+
+
+class EventTimeoutError(HalError, TimeoutError):
+    """A wait on an interprocess event did not complete within its bound."""

@@ -1,0 +1,147 @@
+"""Gathering resident KV rows into staging, in one pass and without a payload temporary.
+
+Semantics match the reference ``gather_resident_rows``: row id = block * block_size + offset, ``-1``
+reads row 0, and when dtypes differ the bytes are preserved (a ``view``), never converted. The payload
+moves through a single ``index_select(..., out=destination)`` over a strided view of the source.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import InvalidArgumentError
+
+__all__ = ["gather_rows", "reference_gather_rows", "source_row_view"]
+
+
+def source_row_view(source: torch.Tensor, destination_dtype: torch.dtype) -> tuple[torch.Tensor, int, int]:
+    """View a ``[num_blocks, block_size, row_width]`` source as rows, with no copy.
+
+    Returns ``(rows, block_step, offset_step)``: ``rows`` is a 2-D view (possibly with overlapping rows
+    when the source is padded) reinterpreted as ``destination_dtype``; row id ``b * block_size + o`` of
+    the source is ``rows[b * block_step + o * offset_step]``.
+
+    Raises:
+        InvalidArgumentError: the source is not 3-D, or its rows cannot be reinterpreted as
+            ``destination_dtype`` (last dimension not contiguous, or byte width not divisible).
+    """
+    if source.dim() != 3:
+        raise InvalidArgumentError(
+            f"gather source must be [num_blocks, block_size, row_width], got shape {tuple(source.shape)}"
+        )
+    num_blocks, block_size, row_width = source.shape
+    s_block, s_offset, s_elem = source.stride()
+    if num_blocks == 0 or block_size == 0:
+        raise InvalidArgumentError(f"gather source has no rows: shape {tuple(source.shape)}")
+    # Rows start at multiples of g elements; one 2-D view with row stride g reaches all of them.
+    g = math.gcd(s_block, s_offset) or 1
+    length = ((num_blocks - 1) * s_block + (block_size - 1) * s_offset) // g + 1
+    rows = source.as_strided((length, row_width), (g, s_elem), source.storage_offset())
+    if destination_dtype != source.dtype:
+        row_bytes = row_width * source.element_size()
+        out_size = torch.empty((), dtype=destination_dtype).element_size()
+        if row_width > 1 and s_elem != 1:
+            raise InvalidArgumentError(
+                f"gather source rows must be contiguous to reinterpret {source.dtype} as "
+                f"{destination_dtype}, got element stride {s_elem}"
+            )
+        if row_bytes % out_size:
+            raise InvalidArgumentError(
+                f"gather row of {row_bytes} bytes ({row_width} x {source.dtype}) cannot be "
+                f"reinterpreted as {destination_dtype} ({out_size}-byte elements)"
+            )
+        if (g * source.element_size()) % out_size or (source.storage_offset() * source.element_size()) % out_size:
+            raise InvalidArgumentError(
+                f"gather source rows are not {out_size}-byte aligned for {destination_dtype}"
+            )
+        # Reinterpret through a byte view of the same storage; strides are rescaled in bytes.
+        byte_rows = torch.empty(0, dtype=torch.uint8, device=source.device).set_(
+            source.untyped_storage(),
+            source.storage_offset() * source.element_size(),
+            (length, row_bytes),
+            (g * source.element_size(), 1),
+        )
+        rows = byte_rows.view(destination_dtype)
+    return rows, s_block // g, s_offset // g
+
+
+def _check_gather_args(source: torch.Tensor, destination: torch.Tensor, row_ids: torch.Tensor) -> None:
+    for name, value in (("source", source), ("destination", destination), ("row_ids", row_ids)):
+        if not isinstance(value, torch.Tensor):
+            raise InvalidArgumentError(f"gather '{name}' must be a torch.Tensor, got {type(value).__name__}")
+    if row_ids.dtype not in (torch.int32, torch.int64):
+        raise InvalidArgumentError(f"gather row_ids must be int32 or int64, got {row_ids.dtype}")
+    if row_ids.dim() != 1:
+        raise InvalidArgumentError(f"gather row_ids must be a flat 1-D list, got shape {tuple(row_ids.shape)}")
+    if not (source.device == destination.device == row_ids.device):
+        raise InvalidArgumentError(
+            "gather source, destination and row_ids must be on one device, got "
+            f"{source.device}, {destination.device}, {row_ids.device}"
+        )
+
+
+def gather_rows(
+    source: torch.Tensor,
+    destination: torch.Tensor,
+    row_ids: torch.Tensor,
+    *,
+    check_range: bool = True,
+) -> None:
+    """Copy ``source`` rows named by ``row_ids`` into ``destination``, preserving bytes.
+
+    Args:
+        source: ``[num_blocks, block_size, row_width]``, possibly strided.
+        destination: ``len(row_ids)`` rows whose byte width equals a source row's; contiguous.
+        row_ids: 1-D int32/int64 on the same device; ``-1`` reads row 0.
+        check_range: reject ids outside ``[-1, num_blocks * block_size)``. On a GPU this reads one
+            reduction back to the host, so a capture-time caller passes False.
+
+    Raises:
+        InvalidArgumentError: wrong types, devices or shapes; an id out of range (naming its index and
+            value); a destination whose row width does not match the source's in bytes.
+    """
+    _check_gather_args(source, destination, row_ids)
+    rows, block_step, offset_step = source_row_view(source, destination.dtype)
+    num_blocks, block_size, _ = source.shape
+    n = row_ids.numel()
+    if not destination.is_contiguous():
+        raise InvalidArgumentError(
+            f"gather destination must be contiguous, got strides {destination.stride()}"
+        )
+    width = rows.shape[1]
+    if destination.numel() != n * width:
+        raise InvalidArgumentError(
+            f"gather destination {tuple(destination.shape)} ({destination.dtype}) does not hold "
+            f"{n} rows of {width} x {destination.dtype}; a row is {rows.shape[1] * destination.element_size()} bytes"
+        )
+    if n == 0:
+        return
+    total = num_blocks * block_size
+    if check_range:
+        low, high = torch.aminmax(row_ids)
+        low_i, high_i = int(low), int(high)
+        if low_i < -1 or high_i >= total:
+            bad = ((row_ids < -1) | (row_ids >= total)).nonzero()[0].item()
+            raise InvalidArgumentError(
+                f"gather row_ids[{bad}] = {int(row_ids[bad])} is out of range: ids must be -1 "
+                f"(not resident) or in [0, {total}) for {num_blocks} blocks of {block_size} rows"
+            )
+    index = row_ids.clamp_min(0)
+    if block_step != block_size or offset_step != 1:
+        index = torch.div(index, block_size, rounding_mode="floor") * block_step + (index % block_size) * offset_step
+    torch.index_select(rows, 0, index, out=destination.view(n, width))
+
+
+def reference_gather_rows(source: torch.Tensor, destination: torch.Tensor, row_ids: torch.Tensor) -> None:
+    """The reference interface's implementation (advanced indexing through a temporary).
+
+    Kept as the oracle the tests and the benchmark compare against; not capture-safe.
+    """
+    rows = row_ids.to(torch.long).clamp_min(0)
+    block_size = source.shape[1]
+    payload = source[rows // block_size, rows % block_size]
+    if payload.dtype != destination.dtype:
+        payload = payload.contiguous().view(destination.dtype)
+    destination.copy_(payload)

@@ -1,0 +1,277 @@
+"""Known memory regions and the vectorized check of swap descriptors against them.
+
+Invariant: a swap batch reaches a copy engine only if every descriptor's source and destination range
+lies wholly inside one known region. The check is vectorized (no per-descriptor Python) and names the
+first bad descriptor; a rejected batch copies nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Iterator
+
+import torch
+
+from .errors import InvalidArgumentError, InvalidDescriptorError
+
+__all__ = ["Region", "RegionTable", "SwapBatch", "check_descriptor_tensors"]
+
+REGION_KINDS = ("pinned_host", "device_cache", "explicit")
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """One contiguous byte range a backend may copy to or from.
+
+    Attributes:
+        start: first byte address.
+        size: length in bytes (> 0).
+        kind: ``"pinned_host"``, ``"device_cache"`` or ``"explicit"``.
+        label: a human name for error messages (``"pinned pool 0x7f.. chunk 1/3"``, ``"layer.3"``).
+        device: where the bytes live.
+        device_alias: for host memory on backends with ``host_pointer_alias``, the device address of
+            ``start``; otherwise None.
+    """
+
+    start: int
+    size: int
+    kind: str
+    label: str
+    device: torch.device = torch.device("cpu")
+    device_alias: int | None = None
+
+    @property
+    def end(self) -> int:
+        """One past the last byte."""
+        return self.start + self.size
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapBatch:
+    """A validated swap batch: contiguous int64 CPU tensors the caller may reuse after the call.
+
+    ``src_region`` and ``dst_region`` hold, per descriptor, the index into ``regions`` of the region
+    that contains it.
+    """
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    sizes: torch.Tensor
+    src_region: torch.Tensor
+    dst_region: torch.Tensor
+    regions: tuple[Region, ...]
+
+    @property
+    def count(self) -> int:
+        """Number of descriptors."""
+        return int(self.src.numel())
+
+    def uniform_size(self) -> int | None:
+        """The common byte count when every descriptor has the same size, else None."""
+        if self.count == 0:
+            return None
+        first = int(self.sizes[0])
+        return first if bool((self.sizes == first).all()) else None
+
+    def chunks(self, cap: int | None) -> Iterator["SwapBatch"]:
+        """Split into consecutive batches of at most ``cap`` descriptors (one batch when cap is None)."""
+        if cap is None or self.count <= cap:
+            yield self
+            return
+        for begin in range(0, self.count, cap):
+            end = min(begin + cap, self.count)
+            yield SwapBatch(
+                self.src[begin:end],
+                self.dst[begin:end],
+                self.sizes[begin:end],
+                self.src_region[begin:end],
+                self.dst_region[begin:end],
+                self.regions,
+            )
+
+
+def check_descriptor_tensors(src: object, dst: object, sizes: object) -> None:
+    """Check that swap descriptors are three 1-D int64 CPU tensors of equal length.
+
+    Raises:
+        InvalidDescriptorError: naming the argument and its bad type, dtype, device, shape or length.
+    """
+    for name, value in (("src", src), ("dst", dst), ("sizes", sizes)):
+        if not isinstance(value, torch.Tensor):
+            raise InvalidDescriptorError(
+                f"swap descriptor '{name}' must be a torch.Tensor, got {type(value).__name__}"
+            )
+        if value.dtype != torch.int64:
+            raise InvalidDescriptorError(
+                f"swap descriptor '{name}' must have dtype torch.int64, got {value.dtype}"
+            )
+        if value.device.type != "cpu":
+            raise InvalidDescriptorError(
+                f"swap descriptor '{name}' must be a CPU tensor, got device {value.device}; "
+                "build descriptor arrays in host memory"
+            )
+        if value.dim() != 1:
+            raise InvalidDescriptorError(
+                f"swap descriptor '{name}' must be 1-D, got shape {tuple(value.shape)}"
+            )
+    assert isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)
+    assert isinstance(sizes, torch.Tensor)
+    if not (src.numel() == dst.numel() == sizes.numel()):
+        raise InvalidDescriptorError(
+            "swap descriptors must have equal lengths, got "
+            f"src={src.numel()}, dst={dst.numel()}, sizes={sizes.numel()}"
+        )
+
+
+class RegionTable:
+    """The regions a backend knows, kept sorted for vectorized lookup. Thread-safe.
+
+    Regions never overlap: adding one that overlaps a known region is an error, so every address
+    belongs to at most one region.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._regions: list[Region] = []
+        self._starts = torch.empty(0, dtype=torch.int64)
+        self._ends = torch.empty(0, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def __iter__(self) -> Iterator[Region]:
+        return iter(list(self._regions))
+
+    def add(self, region: Region) -> Region:
+        """Add ``region``.
+
+        Raises:
+            InvalidArgumentError: the region is empty, has a negative start, an unknown kind, or
+                overlaps a known region (both are named).
+        """
+        if region.size <= 0:
+            raise InvalidArgumentError(f"region {region.label!r} must have size > 0, got {region.size}")
+        if region.start < 0:
+            raise InvalidArgumentError(
+                f"region {region.label!r} has negative start address {region.start}"
+            )
+        if region.kind not in REGION_KINDS:
+            raise InvalidArgumentError(
+                f"region kind must be one of {REGION_KINDS}, got {region.kind!r}"
+            )
+        with self._lock:
+            for known in self._regions:
+                if region.start < known.end and known.start < region.end:
+                    raise InvalidArgumentError(
+                        f"region {region.label!r} [{region.start:#x}, {region.end:#x}) overlaps "
+                        f"known region {known.label!r} [{known.start:#x}, {known.end:#x}); "
+                        "release the known region first"
+                    )
+            self._regions.append(region)
+            self._rebuild()
+        return region
+
+    def remove(self, region: Region) -> None:
+        """Forget ``region``.
+
+        Raises:
+            InvalidArgumentError: the region is not known.
+        """
+        with self._lock:
+            try:
+                self._regions.remove(region)
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"region {region.label!r} at {region.start:#x} is not registered"
+                ) from None
+            self._rebuild()
+
+    def find(self, address: int) -> Region | None:
+        """The region containing ``address``, or None."""
+        with self._lock:
+            for region in self._regions:
+                if region.start <= address < region.end:
+                    return region
+        return None
+
+    def _rebuild(self) -> None:
+        self._regions.sort(key=lambda r: r.start)
+        self._starts = torch.tensor([r.start for r in self._regions], dtype=torch.int64)
+        self._ends = torch.tensor([r.end for r in self._regions], dtype=torch.int64)
+
+    def check_swap_batch(self, src: object, dst: object, sizes: object) -> SwapBatch:
+        """Validate a whole swap batch before anything is copied.
+
+        Args:
+            src: 1-D int64 CPU tensor of source addresses.
+            dst: 1-D int64 CPU tensor of destination addresses, same length.
+            sizes: 1-D int64 CPU tensor of byte counts (>= 0), same length.
+
+        Returns:
+            A :class:`SwapBatch` with contiguous copies of the descriptors and, per descriptor, the
+            index of its source and destination region.
+
+        Raises:
+            InvalidDescriptorError: the arrays are malformed, or a descriptor has a negative size or a
+                range outside every known region (or straddling a region's end); the message names the
+                first bad index, its values and why.
+        """
+        check_descriptor_tensors(src, dst, sizes)
+        assert isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)
+        assert isinstance(sizes, torch.Tensor)
+        # Copies, not views: the caller may overwrite its arrays as soon as we return.
+        src = src.clone(memory_format=torch.contiguous_format)
+        dst = dst.clone(memory_format=torch.contiguous_format)
+        sizes = sizes.clone(memory_format=torch.contiguous_format)
+        with self._lock:
+            regions = tuple(self._regions)
+            starts, ends = self._starts, self._ends
+        if src.numel() == 0:
+            empty = torch.empty(0, dtype=torch.int64)
+            return SwapBatch(src, dst, sizes, empty, empty, regions)
+
+        negative = sizes < 0
+        if bool(negative.any()):
+            i = int(negative.nonzero()[0])
+            raise InvalidDescriptorError(
+                f"swap descriptor {i} has negative size {int(sizes[i])}; sizes must be >= 0", i
+            )
+        src_region, src_ok = _locate(src, sizes, starts, ends)
+        dst_region, dst_ok = _locate(dst, sizes, starts, ends)
+        bad = ~(src_ok & dst_ok)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            side, address = ("source", int(src[i])) if not bool(src_ok[i]) else ("destination", int(dst[i]))
+            raise InvalidDescriptorError(
+                f"swap descriptor {i}: {side} range [{address:#x}, {address + int(sizes[i]):#x}) "
+                f"({int(sizes[i])} bytes) {self._why_outside(address, int(sizes[i]), regions)}; "
+                "nothing was copied. Pin the host pool, pass the cache to prepare_kv_cache_views, "
+                "or register the region explicitly",
+                i,
+            )
+        return SwapBatch(src, dst, sizes, src_region, dst_region, regions)
+
+    @staticmethod
+    def _why_outside(address: int, size: int, regions: tuple[Region, ...]) -> str:
+        for region in regions:
+            if region.start <= address < region.end or (size == 0 and address == region.end):
+                return (
+                    f"runs past the end of region {region.label!r} "
+                    f"[{region.start:#x}, {region.end:#x}) by {address + size - region.end} bytes"
+                )
+        return "is not inside any known region"
+
+
+def _locate(
+    addresses: torch.Tensor, sizes: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per address: index of the last region starting at or before it, and whether the whole range
+    [address, address + size) fits inside that region. Written to avoid int64 overflow."""
+    if starts.numel() == 0:
+        return torch.zeros_like(addresses), torch.zeros_like(addresses, dtype=torch.bool)
+    index = torch.searchsorted(starts, addresses, right=True) - 1
+    safe = index.clamp_min(0)
+    room = ends[safe] - addresses  # bytes from address to the region's end
+    ok = (index >= 0) & (addresses >= starts[safe]) & (room >= sizes)
+    return safe, ok

@@ -1,0 +1,1 @@
+"""CUDA backend (see spec.py for its probe)."""

@@ -1,0 +1,1 @@
+"""ROCM backend (see spec.py for its probe)."""
