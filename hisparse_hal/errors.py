@@ -80,6 +80,7 @@ class DeviceRuntimeError(HalError, RuntimeError):
         self.call = call
         self.code = code
         self.error_name = error_name
+        self.detail = detail
         self.index = index
 
 

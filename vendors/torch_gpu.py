@@ -1,0 +1,457 @@
+"""What the CUDA and ROCm backends share through torch's ``torch.cuda`` namespace, written once.
+
+A vendor subclass supplies a :class:`CopyRuntime` (its binding to libcuda or libamdhip64) and its
+``Capabilities``; this layer picks the copy path per swap (native batch or per-copy loop), chunks at the
+descriptor cap, pins through the runtime, captures with ``torch.cuda.CUDAGraph`` and carries IPC events.
+Invariant: no device call is made for work that has already been rejected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+import time
+import uuid
+from typing import Iterator, Protocol, runtime_checkable
+
+import torch
+
+from hisparse_hal.backend import HiSparseBackend
+from hisparse_hal.capabilities import Capabilities
+from hisparse_hal.errors import (
+    CaptureMisuseError,
+    DeviceRuntimeError,
+    EventTimeoutError,
+    InvalidArgumentError,
+)
+from hisparse_hal.regions import SwapBatch
+
+__all__ = [
+    "CopyRuntime",
+    "TorchGpuBackend",
+    "GpuIpcEvent",
+    "GpuCapturedGraph",
+    "LEGACY_DEFAULT_STREAM",
+    "BATCH_COPY_MODES",
+    "encode_event_handle",
+    "decode_event_handle",
+]
+
+log = logging.getLogger(__name__)
+
+#: The legacy default stream's handle (``cudaStreamLegacy`` as torch reports the default stream).
+LEGACY_DEFAULT_STREAM = 0
+BATCH_COPY_MODES = ("auto", "loop")
+
+#: Bytes of a CUDA/HIP IPC event handle (``cudaIpcEventHandle_t`` / ``hipIpcEventHandle_t``).
+IPC_EVENT_HANDLE_BYTES = 64
+_HANDLE_MAGIC = b"HSHALEV1"
+_HANDLE_HEADER = struct.Struct("<8s16sqi")  # magic, exporting process token, pid, device index
+#: Identifies this process in exported handles; with the pid it survives PID namespaces and fork.
+_PROCESS_TOKEN = uuid.uuid4().bytes
+
+
+@runtime_checkable
+class CopyRuntime(Protocol):
+    """A vendor runtime binding as the shared GPU layer uses it.
+
+    Implemented by ``hisparse_hal.vendors.cuda.driver`` and ``hisparse_hal.vendors.rocm.hip_runtime``.
+    Every method checks every return code and raises ``DeviceRuntimeError`` with the vendor's error
+    name (and, for a batch, the failing descriptor index within the batch it was given).
+    """
+
+    #: Names the runtime in messages: ``"CUDA driver"``, ``"HIP runtime"``.
+    label: str
+
+    def has_batch_copy(self) -> bool:
+        """Whether the vendor's batch-copy symbol was resolved."""
+        ...
+
+    def copy_batch(self, batch: SwapBatch, stream: int, *, use_attributes: bool) -> None:
+        """Enqueue ``batch`` (at most the cap) with ONE vendor batch call on ``stream``.
+
+        The descriptor tensors' memory is passed to the vendor directly (``data_ptr()``). With
+        ``use_attributes`` device-to-host sources are read in stream order.
+        """
+        ...
+
+    def copy_each(self, batch: SwapBatch, stream: int) -> None:
+        """Enqueue ``batch`` one asynchronous copy per descriptor on ``stream``."""
+        ...
+
+    def register_host(self, address: int, size: int) -> int | None:
+        """Page-lock and register ``[address, address + size)``; return its device alias, if any."""
+        ...
+
+    def unregister_host(self, address: int) -> None:
+        """Release a registration made by :meth:`register_host` starting at ``address``."""
+        ...
+
+    def is_context_lost(self, error: DeviceRuntimeError) -> bool:
+        """Whether ``error`` means the device context is gone (teardown then leaks instead of failing)."""
+        ...
+
+
+# --------------------------------------------------------------------------- IPC events
+def encode_event_handle(device_index: int, handle: bytes) -> bytes:
+    """Pack an IPC event handle with its device index and exporting process into picklable bytes.
+
+    Raises:
+        InvalidArgumentError: ``handle`` is not 64 bytes.
+    """
+    if len(handle) != IPC_EVENT_HANDLE_BYTES:
+        raise InvalidArgumentError(
+            f"an IPC event handle must be {IPC_EVENT_HANDLE_BYTES} bytes, got {len(handle)}"
+        )
+    return _HANDLE_HEADER.pack(_HANDLE_MAGIC, _PROCESS_TOKEN, os.getpid(), device_index) + bytes(handle)
+
+
+def decode_event_handle(data: object) -> tuple[bool, int, bytes]:
+    """Unpack bytes made by :func:`encode_event_handle`.
+
+    Returns:
+        ``(exported_by_this_process, device_index, handle)``.
+
+    Raises:
+        InvalidArgumentError: not bytes, the wrong length, or not a hisparse-hal event handle.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(f"import_event: handle must be bytes from export_event, got {type(data).__name__}")
+    raw = bytes(data)
+    expected = _HANDLE_HEADER.size + IPC_EVENT_HANDLE_BYTES
+    if len(raw) != expected or not raw.startswith(_HANDLE_MAGIC):
+        raise InvalidArgumentError(
+            f"import_event: handle of {len(raw)} bytes is not from a GPU backend's export_event "
+            f"(expected {expected} bytes starting with {_HANDLE_MAGIC!r})"
+        )
+    _magic, token, pid, device_index = _HANDLE_HEADER.unpack_from(raw)
+    same_process = token == _PROCESS_TOKEN and pid == os.getpid()
+    return same_process, device_index, raw[_HANDLE_HEADER.size:]
+
+
+class GpuIpcEvent:
+    """An interprocess ``torch.cuda.Event`` with a bounded ``synchronize``.
+
+    ``torch_event`` is the wrapped event; ``record``/``wait``/``query`` forward to it.
+    """
+
+    def __init__(self, torch_event: "torch.cuda.Event", device_index: int, timeout_s: float, imported: bool) -> None:
+        self.torch_event = torch_event
+        self.device_index = device_index
+        self.timeout_s = timeout_s
+        self.imported = imported
+
+    def record(self, stream: object | None = None) -> None:
+        """Record on ``stream`` (the current stream when None)."""
+        self.torch_event.record(stream)
+
+    def wait(self, stream: object | None = None) -> None:
+        """Make ``stream`` (the current stream when None) wait for the event on the device."""
+        self.torch_event.wait(stream)
+
+    def query(self) -> bool:
+        """True when the work recorded before the event has completed."""
+        return bool(self.torch_event.query())
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Block until the event completes, at most ``timeout`` seconds (default ``timeout_s``).
+
+        Raises:
+            EventTimeoutError: the event did not complete in time.
+        """
+        bound = self.timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + bound
+        pause = 1e-5
+        while not self.query():
+            if time.monotonic() >= deadline:
+                raise EventTimeoutError(
+                    f"IPC event on device {self.device_index} did not complete within {bound} s; "
+                    "check that the exporting process recorded it and is still running"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+
+
+class GpuCapturedGraph:
+    """A ``torch.cuda.CUDAGraph`` captured by :meth:`TorchGpuBackend.capture`."""
+
+    def __init__(self, graph: "torch.cuda.CUDAGraph") -> None:
+        self.graph = graph
+        self.complete = False
+
+    def replay(self) -> None:
+        """Run the captured work on the current stream.
+
+        Raises:
+            CaptureMisuseError: the capture has not ended (replay inside the ``with`` block) or failed.
+        """
+        if not self.complete:
+            raise CaptureMisuseError(
+                "replay() called before the capture ended; leave the capture() block first"
+            )
+        self.graph.replay()
+
+
+# --------------------------------------------------------------------------- the backend
+class TorchGpuBackend(HiSparseBackend):
+    """The shared GPU backend: streams, graphs and events from ``torch.cuda``, copies from a runtime.
+
+    Args:
+        capabilities: the vendor's ``plan_capabilities`` result for this device.
+        runtime: the vendor binding (:class:`CopyRuntime`).
+        device_index: the GPU ordinal (after ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``).
+        device: where KV caches live; defaults to ``torch.device("cuda", device_index)`` (torch's HIP
+            build also says ``"cuda"``). Tests inject ``torch.device("cpu")`` with a simulated runtime.
+        event_timeout_s: default bound of :meth:`GpuIpcEvent.synchronize`.
+
+    Swaps inside a graph capture are captured, never batched: the driver has no graph-node form of
+    ``cuMemcpyBatchAsync`` (cuda-python ``cuda.core.utils.copy_batch`` docs), while each per-copy
+    ``cuMemcpyAsync``/``hipMemcpyAsync`` becomes a memcpy node. A capturing swap that touches an
+    explicit host region (possibly pageable, which a capture cannot hold) is rejected with
+    ``CaptureMisuseError`` before any device call, so the capture stays valid. Pinning and unpinning
+    while capturing are rejected the same way.
+    """
+
+    name = "torch_gpu"
+
+    def __init__(
+        self,
+        capabilities: Capabilities,
+        runtime: CopyRuntime,
+        device_index: int,
+        *,
+        device: torch.device | None = None,
+        event_timeout_s: float = 120.0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(device_index, int) or isinstance(device_index, bool) or device_index < 0:
+            raise InvalidArgumentError(f"device_index must be an int >= 0, got {device_index!r}")
+        self._capabilities = capabilities
+        self.runtime = runtime
+        self.device_index = device_index
+        self._device = device if device is not None else torch.device("cuda", device_index)
+        self.event_timeout_s = event_timeout_s
+        self._batch_copy_mode = "auto"
+        #: The copy path of the last swap: ``"batch"`` or ``"loop"`` (for tests, benchmarks, logs).
+        self.last_swap_path: str | None = None
+
+    # ----------------------------------------------------------------- identity
+    @property
+    def device(self) -> torch.device:
+        """The device this backend's KV caches live on."""
+        return self._device
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The capabilities planned for this device (fixed at construction)."""
+        return self._capabilities
+
+    @property
+    def batch_copy_mode(self) -> str:
+        """``"auto"`` (native batch where possible) or ``"loop"`` (always per copy; for comparisons)."""
+        return self._batch_copy_mode
+
+    @batch_copy_mode.setter
+    def batch_copy_mode(self, mode: str) -> None:
+        if mode not in BATCH_COPY_MODES:
+            raise InvalidArgumentError(f"batch_copy_mode must be one of {BATCH_COPY_MODES}, got {mode!r}")
+        self._batch_copy_mode = mode
+
+    @contextlib.contextmanager
+    def _device_scope(self) -> Iterator[None]:
+        """Make this backend's GPU torch's current device for the block (no-op for injected devices)."""
+        if self._device.type != "cuda":
+            yield
+            return
+        with torch.cuda.device(self.device_index):
+            yield
+
+    # ----------------------------------------------------------------- swaps
+    def _current_stream_handle(self) -> int:
+        """The raw handle of torch's current stream on this device (0 is the legacy default stream)."""
+        return int(torch.cuda.current_stream(self._device).cuda_stream)
+
+    def _swap_path(self, stream: int, capturing: bool) -> str:
+        if self._batch_copy_mode == "loop" or self._capabilities.batch_copy == "loop":
+            return "loop"
+        if not self.runtime.has_batch_copy():
+            return "loop"
+        if stream == LEGACY_DEFAULT_STREAM:
+            # The batch call rejects the legacy stream with an invalid-value error (vLLM
+            # cache_kernels.cu; cudf #20800), so that stream gets the per-copy loop.
+            return "loop"
+        if capturing:
+            # No graph-node form of the batch call exists (cuda-python cuda.core.utils.copy_batch).
+            return "loop"
+        return "batch"
+
+    def _check_capturable(self, batch: SwapBatch) -> None:
+        """Reject, before any device call, a capturing swap that touches an explicit host region."""
+        unsafe = torch.tensor(
+            [r.kind == "explicit" and r.device.type == "cpu" for r in batch.regions],
+            dtype=torch.bool,
+        )
+        hit = unsafe[batch.src_region] | unsafe[batch.dst_region]
+        if bool(hit.any()):
+            i = int(hit.nonzero()[0])
+            region = batch.regions[int(batch.src_region[i] if unsafe[batch.src_region[i]] else batch.dst_region[i])]
+            raise CaptureMisuseError(
+                f"swap descriptor {i} touches explicit host region {region.label!r}, which may be pageable "
+                "and cannot be copied inside a graph capture; pin it with pin_tensor, or swap outside "
+                "the capture. Nothing was enqueued and the capture is still valid"
+            )
+
+    def _enqueue_swap(self, batch: SwapBatch) -> None:
+        capturing = self.is_current_stream_capturing()
+        if capturing:
+            self._check_capturable(batch)
+        with self._device_scope():
+            stream = self._current_stream_handle()
+            path = self._swap_path(stream, capturing)
+            self.last_swap_path = path
+            if path == "loop":
+                self.runtime.copy_each(batch, stream)
+                return
+            cap = self._capabilities.max_batch_descriptors
+            use_attributes = self._capabilities.copy_attributes
+            offset = 0
+            for chunk in batch.chunks(cap):
+                try:
+                    self.runtime.copy_batch(chunk, stream, use_attributes=use_attributes)
+                except DeviceRuntimeError as error:
+                    raise _shift_error(error, offset) from error
+                offset += chunk.count
+
+    # ----------------------------------------------------------------- host pinning
+    def pin_tensor(self, tensor: torch.Tensor) -> None:
+        """Pin a host tensor through the runtime (chunked, rolled back on failure); see the base class.
+
+        Raises:
+            CaptureMisuseError: called while the current stream is capturing (host registration is not
+                a capturable call); nothing was registered.
+        """
+        self._refuse_while_capturing("pin_tensor")
+        with self._device_scope():
+            super().pin_tensor(tensor)
+
+    def unpin_tensor(self, tensor: torch.Tensor) -> None:
+        """Release a pinned tensor chunk by chunk; a lost device context is logged, not raised.
+
+        Raises:
+            CaptureMisuseError: called while the current stream is capturing; nothing was released.
+        """
+        self._refuse_while_capturing("unpin_tensor")
+        with self._device_scope():
+            super().unpin_tensor(tensor)
+
+    def _refuse_while_capturing(self, member: str) -> None:
+        if self.is_current_stream_capturing():
+            raise CaptureMisuseError(
+                f"{member} cannot run while the current stream is capturing: host registration is not "
+                "a capturable operation; call it before or after the capture (the capture is still valid)"
+            )
+
+    def _register_host_chunk(self, address: int, size: int, index: int) -> int | None:
+        return self.runtime.register_host(address, size)
+
+    def _unregister_host_chunk(self, address: int, size: int) -> None:
+        try:
+            self.runtime.unregister_host(address)
+        except DeviceRuntimeError as error:
+            if not self.runtime.is_context_lost(error):
+                raise
+            # At interpreter exit or after a fatal device error the context is gone; the
+            # registration dies with the process, so leaking it is the only safe choice.
+            log.warning(
+                "%s: host chunk %#x (+%d bytes) left registered, the device context is gone: %s",
+                self.runtime.label, address, size, error,
+            )
+
+    # ----------------------------------------------------------------- graphs
+    def is_current_stream_capturing(self) -> bool:
+        """True while torch's current stream is capturing (any status but none); creates no context
+        (``torch.cuda.is_current_stream_capturing`` returns False where no context exists)."""
+        return bool(torch.cuda.is_current_stream_capturing())
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[GpuCapturedGraph]:
+        """Capture this backend's work into a ``torch.cuda.CUDAGraph`` on a side stream torch makes
+        current; yields a :class:`GpuCapturedGraph` whose ``replay()`` works once the block ends.
+
+        Raises:
+            CaptureMisuseError: a capture is already underway on the current stream.
+        """
+        if self.is_current_stream_capturing():
+            raise CaptureMisuseError("capture() called while the current stream is already capturing")
+        with self._device_scope():
+            captured = GpuCapturedGraph(torch.cuda.CUDAGraph())
+            with torch.cuda.graph(captured.graph):
+                yield captured
+            captured.complete = True
+
+    # ----------------------------------------------------------------- IPC events
+    def create_ipc_event(self) -> GpuIpcEvent:
+        """A new interprocess event on this device (timing disabled), created eagerly on it."""
+        self._require_ipc("create_ipc_event")
+        with self._device_scope():
+            event = torch.cuda.Event(enable_timing=False, blocking=False, interprocess=True)
+            event.ipc_handle()  # torch creates the event lazily on the *current* device; fix it now
+        return GpuIpcEvent(event, self.device_index, self.event_timeout_s, imported=False)
+
+    def export_event(self, event: GpuIpcEvent) -> bytes:
+        """Picklable bytes: the 64-byte IPC handle, device index and exporting process.
+
+        Call it on the thread that uses the device, not from a pickling hook (cuda-python #1145). The
+        event must outlive every importer's use of it.
+
+        Raises:
+            InvalidArgumentError: ``event`` was not created by :meth:`create_ipc_event`.
+        """
+        self._require_ipc("export_event")
+        if not isinstance(event, GpuIpcEvent) or event.imported:
+            raise InvalidArgumentError(
+                f"export_event: expected an event from create_ipc_event, got {type(event).__name__}"
+                + (" that was itself imported" if isinstance(event, GpuIpcEvent) else "")
+            )
+        with self._device_scope():
+            handle = bytes(event.torch_event.ipc_handle())
+        return encode_event_handle(event.device_index, handle)
+
+    def import_event(self, device: torch.device | int | str, handle: bytes) -> GpuIpcEvent:
+        """Open an event exported by another process, to wait on from ``device``.
+
+        Raises:
+            InvalidArgumentError: malformed handle, a non-GPU device, or a handle exported by this same
+                process (CUDA and HIP reject same-process opens, ROCm hip #2882: use the original event).
+        """
+        self._require_ipc("import_event")
+        same_process, _exported_on, raw = decode_event_handle(handle)
+        target = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        if target.type != "cuda":
+            raise InvalidArgumentError(f"import_event: device must be a GPU device ('cuda'), got {target}")
+        if same_process:
+            raise InvalidArgumentError(
+                "import_event: this handle was exported by this same process; CUDA and HIP refuse to open "
+                "an IPC event in its own process (ROCm hip #2882). Use the original event here and "
+                "import the handle only in other processes"
+            )
+        index = target.index if target.index is not None else self.device_index
+        with torch.cuda.device(index):
+            event = torch.cuda.Event.from_ipc_handle(index, raw)
+        return GpuIpcEvent(event, index, self.event_timeout_s, imported=True)
+
+    def _require_ipc(self, member: str) -> None:
+        if not self._capabilities.ipc_events:
+            raise self._unsupported(f"{member} (this device has no IPC events)")
+
+
+def _shift_error(error: DeviceRuntimeError, offset: int) -> DeviceRuntimeError:
+    """Re-base a chunk's failing index onto the whole batch and say what was already enqueued."""
+    index = None if error.index is None else error.index + offset
+    detail = getattr(error, "detail", "")
+    if offset:
+        done = f"descriptors before {offset} were already enqueued in earlier chunks"
+        detail = f"{detail}; {done}" if detail else done
+    return DeviceRuntimeError(error.call, error.code, error.error_name, detail, index)
