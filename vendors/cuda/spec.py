@@ -1,20 +1,97 @@
-"""Registry entry of the CUDA backend. The probe touches no device: torch.version, then NVML."""
+"""Registry entry of the CUDA backend. The probe touches no device: ``torch.version``, then NVML.
+
+Each way of being unavailable has its own sentence: a CPU or ROCm build of torch, NVML bindings
+missing, NVML failing, no visible device, a driver too old for the backend or for torch's CUDA.
+"""
 
 from __future__ import annotations
+
+import os
+from typing import Any
 
 import torch
 
 from hisparse_hal.registry import BackendSpec, Probe
 
+from .capabilities import MIN_DRIVER, format_driver_version
+from .nvml import VISIBLE_ENV, read_nvml
+
+__all__ = ["probe", "SPEC"]
+
+
+def _torch_cuda_version() -> int | None:
+    """``torch.version.cuda`` ("12.8") in the driver encoding (12080), or None when unparsable."""
+    try:
+        major, minor = (int(part) for part in str(torch.version.cuda).split(".")[:2])
+    except ValueError:
+        return None
+    return major * 1000 + minor * 10
+
 
 def probe() -> Probe:
-    """Whether a CUDA build of torch and a visible NVIDIA GPU are present."""
-    facts = {"torch": torch.__version__, "torch.version.cuda": torch.version.cuda}
+    """Whether a CUDA build of torch, NVML and a visible NVIDIA GPU with a recent driver are present.
+
+    Returns:
+        A :class:`Probe` whose facts hold the torch and driver versions, device names and archs.
+    """
+    facts: dict[str, Any] = {"torch": torch.__version__, "torch.version.cuda": torch.version.cuda}
     if getattr(torch.version, "hip", None):
         return Probe(False, f"torch {torch.__version__} is a ROCm build (HIP {torch.version.hip}), not CUDA", facts)
     if torch.version.cuda is None:
         return Probe(False, f"torch {torch.__version__} is a CPU build (torch.version.cuda is None)", facts)
-    return Probe(False, "CUDA probe not implemented yet", facts)
+    try:
+        import pynvml
+    except ImportError as exc:
+        return Probe(
+            False,
+            f"the NVML bindings are not installed ({exc}); install them with "
+            "pip install 'hisparse-hal[cuda]' (package nvidia-ml-py)",
+            facts,
+        )
+    visible = os.environ.get(VISIBLE_ENV)
+    facts[VISIBLE_ENV] = visible
+    try:
+        reading = read_nvml(pynvml, visible)
+    except pynvml.NVMLError as exc:
+        return Probe(False, f"NVML could not read the GPUs ({type(exc).__name__}: {exc}); is the NVIDIA driver loaded?", facts)
+    facts.update(
+        driver_version=reading.cuda_driver_version,
+        driver=format_driver_version(reading.cuda_driver_version),
+        nvidia_driver=reading.nvidia_driver,
+        devices=[d.as_fact() for d in reading.devices],
+        archs=sorted({d.arch for d in reading.devices}),
+        physical_devices=reading.physical_count,
+    )
+    if not reading.devices:
+        if reading.physical_count and visible is not None:
+            why = f"{VISIBLE_ENV}={visible!r} hides all {reading.physical_count} NVIDIA GPUs"
+        else:
+            why = "NVML reports no NVIDIA GPU"
+        return Probe(False, f"no CUDA device is visible: {why}", facts)
+    driver = format_driver_version(reading.cuda_driver_version)
+    if reading.cuda_driver_version < MIN_DRIVER:
+        return Probe(
+            False,
+            f"the NVIDIA driver supports CUDA {driver} (driver {reading.nvidia_driver}), older than the "
+            f"CUDA {format_driver_version(MIN_DRIVER)} this backend needs; update the driver",
+            facts,
+        )
+    needed = _torch_cuda_version()
+    if needed is not None and reading.cuda_driver_version // 1000 < needed // 1000:
+        # Minor-version compatibility covers 12.x on any 12 driver; a major version does not.
+        return Probe(
+            False,
+            f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but the driver only supports "
+            f"CUDA {driver} (driver {reading.nvidia_driver}); update the driver or install a torch built "
+            f"for CUDA {reading.cuda_driver_version // 1000}",
+            facts,
+        )
+    names = ", ".join(f"{d.name} ({d.arch})" for d in reading.devices)
+    return Probe(
+        True,
+        f"{len(reading.devices)} NVIDIA GPU(s) visible: {names}; driver CUDA {driver}, torch CUDA {torch.version.cuda}",
+        facts,
+    )
 
 
 SPEC = BackendSpec(

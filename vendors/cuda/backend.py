@@ -1,0 +1,81 @@
+"""``CudaBackend``: the HiSparse contract on NVIDIA GPUs, the shared GPU layer plus what CUDA decides.
+
+Only what differs from ROCm lives here: the CUDA driver binding, the capability plan from the probed
+driver version and architecture, and picking the device. Constructing it creates no device context;
+the first pin or swap does (through the primary context torch also uses).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch
+
+from hisparse_hal.errors import BackendUnavailableError
+from hisparse_hal.vendors.torch_gpu import CopyRuntime, TorchGpuBackend
+
+from .capabilities import plan_capabilities
+from .driver import CudaDriver
+
+if TYPE_CHECKING:
+    from hisparse_hal.registry import ProbeResult
+
+__all__ = ["CudaBackend"]
+
+
+class CudaBackend(TorchGpuBackend):
+    """NVIDIA GPUs through torch's CUDA build and the CUDA driver (``libcuda.so.1``).
+
+    Build it with :meth:`for_device` (or ``get_backend("cuda")``, which calls :meth:`from_probe`).
+    """
+
+    name = "cuda"
+
+    @classmethod
+    def for_device(
+        cls,
+        device_index: int,
+        driver_version: int,
+        arch: str,
+        *,
+        runtime: CopyRuntime | None = None,
+        device: torch.device | None = None,
+        max_batch_descriptors: int | None = None,
+    ) -> "CudaBackend":
+        """A backend for CUDA device ``device_index`` with capabilities planned for its driver and arch.
+
+        Args:
+            device_index: torch's CUDA device index.
+            driver_version: ``cuDriverGetVersion`` encoding (12080 = 12.8).
+            arch: ``"sm_90"``.
+            runtime: the copy runtime; default a :class:`CudaDriver` over ``libcuda.so.1``. Tests pass
+                one over the simulated driver.
+            device: override of the KV-cache device (tests only; default ``cuda:<device_index>``).
+            max_batch_descriptors: descriptor cap; default from ``HISPARSE_HAL_CUDA_MAX_BATCH`` or 8192.
+
+        Raises:
+            InvalidArgumentError: a bad driver version, architecture or cap.
+        """
+        capabilities = plan_capabilities(driver_version, arch, max_batch_descriptors=max_batch_descriptors)
+        return cls(capabilities, runtime if runtime is not None else CudaDriver(device_index), device_index, device=device)
+
+    @classmethod
+    def from_probe(cls, probe: "ProbeResult") -> "CudaBackend":
+        """The backend for torch's current CUDA device, planned from the probe's driver version and arch.
+
+        Raises:
+            BackendUnavailableError: the probe's facts lack the driver version or this device.
+        """
+        facts: Mapping[str, Any] = probe.facts
+        driver_version = facts.get("driver_version")
+        devices = facts.get("devices") or []
+        try:
+            index = torch.cuda.current_device()
+        except (RuntimeError, AssertionError) as exc:
+            raise BackendUnavailableError(f"torch cannot use CUDA although the probe passed: {exc}") from exc
+        if not isinstance(driver_version, int) or index >= len(devices):
+            raise BackendUnavailableError(
+                f"the CUDA probe facts give no driver version or no entry for device {index} "
+                f"(driver_version={driver_version!r}, {len(devices)} devices); run 'hisparse-hal info'"
+            )
+        return cls.for_device(index, driver_version, devices[index]["arch"])
