@@ -232,16 +232,15 @@ class RegionTable:
             return SwapBatch(src, dst, sizes, empty, empty, regions)
 
         negative = sizes < 0
-        if bool(negative.any()):
-            i = int(negative.nonzero()[0])
-            raise InvalidDescriptorError(
-                f"swap descriptor {i} has negative size {int(sizes[i])}; sizes must be >= 0", i
-            )
         src_region, src_ok = _locate(src, sizes, starts, ends)
         dst_region, dst_ok = _locate(dst, sizes, starts, ends)
-        bad = ~(src_ok & dst_ok)
+        bad = negative | ~(src_ok & dst_ok)
         if bool(bad.any()):
-            i = int(bad.nonzero()[0])
+            i = int(bad.nonzero()[0])  # the first bad descriptor, whatever is wrong with it
+            if bool(negative[i]):
+                raise InvalidDescriptorError(
+                    f"swap descriptor {i} has negative size {int(sizes[i])}; sizes must be >= 0", i
+                )
             side, address = ("source", int(src[i])) if not bool(src_ok[i]) else ("destination", int(dst[i]))
             raise InvalidDescriptorError(
                 f"swap descriptor {i}: {side} range [{address:#x}, {address + int(sizes[i]):#x}) "
