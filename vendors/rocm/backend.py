@@ -1,0 +1,203 @@
+"""``RocmBackend``: the shared torch GPU layer plus what differs on AMD GPUs.
+
+What is ROCm's own: the HIP runtime binding and its capability plan, the device alias of every host
+registration, KV formats per gfx architecture, graph capture gated on the HIP version, and IPC events
+that stop at ROCm 7.2's cycle limit. Invariant: runtime copies take host addresses (the HIP runtime
+resolves registered host pointers); only kernels need the device alias (SGLang #35233).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any, ContextManager
+
+import torch
+
+from hisparse_hal.capabilities import Capabilities
+from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
+from hisparse_hal.kv_cache import KV_FORMAT_SPECS
+from hisparse_hal.vendors.torch_gpu import CopyRuntime, GpuCapturedGraph, GpuIpcEvent, TorchGpuBackend
+
+from .capabilities import arch_facts, parse_arch, plan_capabilities
+from .hip_runtime import HipRuntime
+from .ipc_cycles import CycleLimitedIpcEvent
+
+if TYPE_CHECKING:
+    from hisparse_hal.registry import ProbeResult
+
+__all__ = ["RocmBackend"]
+
+log = logging.getLogger(__name__)
+
+_FP8_MAX = {"fp8_e4m3fn": 448, "fp8_e4m3fnuz": 224}
+
+
+class RocmBackend(TorchGpuBackend):
+    """The HiSparse backend for AMD GPUs on a ROCm build of torch. Not yet run on AMD hardware.
+
+    Args:
+        capabilities: from :func:`~hisparse_hal.vendors.rocm.plan_capabilities` for this GPU.
+        runtime: the HIP runtime binding (:class:`HipRuntime`).
+        device_index: the HIP ordinal (after the visibility variables).
+        device: where KV caches live; defaults to ``cuda:<device_index>`` (torch's HIP build says
+            "cuda"). Tests inject the CPU device with a simulated runtime.
+        event_timeout_s: default bound of an IPC event's ``synchronize``.
+    """
+
+    name = "rocm"
+
+    def __init__(
+        self,
+        capabilities: Capabilities,
+        runtime: CopyRuntime,
+        device_index: int,
+        *,
+        device: torch.device | None = None,
+        event_timeout_s: float = 120.0,
+    ) -> None:
+        super().__init__(capabilities, runtime, device_index, device=device, event_timeout_s=event_timeout_s)
+        self.arch = parse_arch(capabilities.versions.get("arch", ""))
+
+    @classmethod
+    def from_probe(cls, probe: "ProbeResult") -> "RocmBackend":
+        """Bind the HIP runtime torch loaded, read the current GPU's architecture and plan for it.
+
+        This creates the HIP context (selection has already chosen this backend).
+
+        Raises:
+            BackendUnavailableError: libamdhip64 could not be loaded or lacks a required symbol.
+            DeviceRuntimeError: hipRuntimeGetVersion failed.
+        """
+        runtime = HipRuntime.load()
+        device_index = torch.cuda.current_device()
+        arch = torch.cuda.get_device_properties(device_index).gcnArchName
+        capabilities = plan_capabilities(runtime.runtime_version(), arch, batch_symbol=runtime.has_batch_copy())
+        extra = {"torch.version.hip": str(torch.version.hip), "hip_library": runtime.path}
+        for key in ("rocm_version", "driver_version", "device_source"):
+            if key in probe.facts:
+                extra[key] = str(probe.facts[key])
+        capabilities = dataclasses.replace(capabilities, versions={**capabilities.versions, **extra})
+        log.info("rocm backend on HIP device %d (%s), HIP runtime %s", device_index, arch, capabilities.versions["hip_runtime"])
+        return cls(capabilities, runtime, device_index)
+
+    # ----------------------------------------------------------------- device aliases
+    def device_addresses(self, host_addresses: torch.Tensor) -> torch.Tensor:
+        """Translate addresses inside pinned host tensors to the device addresses kernels must use.
+
+        On ROCm the device address of registered host memory can differ from its host address (MI355X,
+        ROCm 7.2; SGLang #33968, #35233, #36966): a kernel given the host address faults. Runtime copies
+        (``swap_blocks_batch``) keep host addresses. Vectorized; the input is not modified.
+
+        Args:
+            host_addresses: 1-D int64 CPU tensor of addresses inside tensors pinned by this backend.
+
+        Returns:
+            An int64 tensor of the same shape with each address's device alias.
+
+        Raises:
+            InvalidArgumentError: not a 1-D int64 CPU tensor, or an address outside every pinned
+                tensor (the first is named).
+        """
+        if not isinstance(host_addresses, torch.Tensor) or host_addresses.dtype != torch.int64 \
+                or host_addresses.device.type != "cpu" or host_addresses.dim() != 1:
+            raise InvalidArgumentError(
+                "device_addresses: expected a 1-D int64 CPU tensor of host addresses, got "
+                + (f"{host_addresses.dtype} shape {tuple(host_addresses.shape)} on {host_addresses.device}"
+                   if isinstance(host_addresses, torch.Tensor) else type(host_addresses).__name__)
+            )
+        pinned = sorted((r for r in self.regions if r.kind == "pinned_host"), key=lambda r: r.start)
+        if not pinned:
+            if host_addresses.numel() == 0:
+                return host_addresses.clone()
+            raise InvalidArgumentError(
+                f"device_addresses: address {int(host_addresses[0]):#x} (index 0) is not in a pinned host "
+                "tensor; nothing is pinned on this backend"
+            )
+        starts = torch.tensor([r.start for r in pinned], dtype=torch.int64)
+        ends = torch.tensor([r.end for r in pinned], dtype=torch.int64)
+        aliases = torch.tensor(
+            [r.start if r.device_alias is None else r.device_alias for r in pinned], dtype=torch.int64
+        )
+        index = (torch.searchsorted(starts, host_addresses, right=True) - 1).clamp_min(0)
+        inside = (host_addresses >= starts[index]) & (host_addresses < ends[index])
+        if not bool(inside.all()):
+            i = int((~inside).nonzero()[0])
+            raise InvalidArgumentError(
+                f"device_addresses: address {int(host_addresses[i]):#x} (index {i}) is not inside a tensor "
+                "pinned by this backend; pin it with pin_tensor first"
+            )
+        return aliases[index] + (host_addresses - starts[index])
+
+    def device_address(self, host_address: int) -> int:
+        """The device alias of one address inside a pinned host tensor (see :meth:`device_addresses`).
+
+        Raises:
+            InvalidArgumentError: the address is not inside a tensor pinned by this backend.
+        """
+        return int(self.device_addresses(torch.tensor([host_address], dtype=torch.int64))[0])
+
+    # ----------------------------------------------------------------- KV formats per architecture
+    def validate_kv_cache_config(self, kv_cache_config: Any) -> None:
+        """Validate a KV cache description for this GPU's architecture (formats from the capabilities).
+
+        Raises:
+            InvalidArgumentError: a malformed config.
+            UnsupportedCapabilityError: a format this architecture cannot hold; for an fp8 flavour the
+                message names the one this architecture uses (gfx94x: fnuz, gfx950: OCP; quirk 16).
+        """
+        try:
+            super().validate_kv_cache_config(kv_cache_config)
+        except UnsupportedCapabilityError as error:
+            hint = self._format_hint(getattr(kv_cache_config, "format", None))
+            if hint:
+                raise UnsupportedCapabilityError(f"{error}. {hint}") from error
+            raise
+
+    def _format_hint(self, requested: object) -> str:
+        if requested == "fp8_ds_mla":
+            return "fp8_ds_mla is the CUDA 656-byte MLA row format (vLLM runtime.py); it is not offered on ROCm"
+        if requested not in _FP8_MAX:
+            return ""
+        facts = arch_facts(self.arch)
+        if facts is None:
+            return f"{self.arch.base} is not in the ROCm architecture table, so no fp8 flavour is assumed; use 'bf16'"
+        if facts.fp8_format is None:
+            return f"{self.arch.base} ({facts.product}) has no fp8 KV format here; use 'bf16'"
+        theirs = KV_FORMAT_SPECS[facts.fp8_format].description
+        return (
+            f"{self.arch.base} ({facts.product}) stores fp8 KV as {facts.fp8_format!r} ({theirs}); "
+            f"{requested!r} (max {_FP8_MAX[str(requested)]}) would be misread (vLLM #45563)"
+        )
+
+    # ----------------------------------------------------------------- graphs
+    def capture(self) -> ContextManager[GpuCapturedGraph]:
+        """Capture into a graph (see the shared layer), on HIP runtimes where captures are reliable.
+
+        Raises:
+            UnsupportedCapabilityError: HIP older than ROCm 7.2.1, where another thread's
+                ``hipEventQuery`` invalidates a capture (SGLang #23580).
+        """
+        if not self.capabilities.graph_capture:
+            raise UnsupportedCapabilityError(
+                f"capture: HIP runtime {self.capabilities.versions.get('hip_runtime')} cannot hold a graph "
+                "capture reliably (another thread's hipEventQuery invalidates it, SGLang #23580); ROCm "
+                "7.2.1 or later is needed"
+            )
+        return super().capture()
+
+    # ----------------------------------------------------------------- IPC events
+    def create_ipc_event(self) -> GpuIpcEvent:
+        """An interprocess event; on ROCm 7.2.x one that refuses its 33rd record or wait (see
+        :class:`~hisparse_hal.vendors.rocm.ipc_cycles.CycleLimitedIpcEvent`)."""
+        return self._limit_cycles(super().create_ipc_event())
+
+    def import_event(self, device: torch.device | int | str, handle: bytes) -> GpuIpcEvent:
+        """Open another process's event; limited like :meth:`create_ipc_event` where the runtime needs it."""
+        return self._limit_cycles(super().import_event(device, handle))
+
+    def _limit_cycles(self, event: GpuIpcEvent) -> GpuIpcEvent:
+        limit = self.capabilities.ipc_event_max_cycles
+        if limit is None:
+            return event
+        return CycleLimitedIpcEvent(event, limit, str(self.capabilities.versions.get("hip_runtime")))
