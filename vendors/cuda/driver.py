@@ -244,11 +244,15 @@ class CudaDriver:
             yield fns
             return
         self._check("cuCtxPushCurrent", fns["cuCtxPushCurrent_v2"](context))
+        popped = ctypes.c_void_p()
         try:
             yield fns
-        finally:
-            popped = ctypes.c_void_p()
-            self._check("cuCtxPopCurrent", fns["cuCtxPopCurrent_v2"](ctypes.byref(popped)))
+        except BaseException:
+            code = fns["cuCtxPopCurrent_v2"](ctypes.byref(popped))
+            if code != CUDA_SUCCESS:  # keep the block's error; the pop failed for the same cause
+                log.warning("cuCtxPopCurrent after a failed call gave %s", self.error_name(code))
+            raise
+        self._check("cuCtxPopCurrent", fns["cuCtxPopCurrent_v2"](ctypes.byref(popped)))
 
     # ----------------------------------------------------------------- batch symbol
     def has_batch_copy(self) -> bool:
@@ -313,14 +317,14 @@ class CudaDriver:
                 ctypes.byref(fail),
                 stream or None,
             )
-        if code != CUDA_SUCCESS:
-            index = None
-            if fail.value != SIZE_MAX and fail.value < count:
-                index = int(positions[fail.value]) if positions is not None else int(fail.value)
-            raise DeviceRuntimeError(
-                "cuMemcpyBatchAsync", code, self.error_name(code),
-                f"{count} descriptors on stream {stream:#x}", index,
-            )
+            if code != CUDA_SUCCESS:  # raised inside the context so the pop cannot mask it
+                index = None
+                if fail.value != SIZE_MAX and fail.value < count:
+                    index = int(positions[fail.value]) if positions is not None else int(fail.value)
+                raise DeviceRuntimeError(
+                    "cuMemcpyBatchAsync", code, self.error_name(code),
+                    f"{count} descriptors on stream {stream:#x}", index,
+                )
 
     def copy_each(self, batch: SwapBatch, stream: int) -> None:
         """One ``cuMemcpyAsync`` per non-empty descriptor on ``stream`` (capturable, any stream).
