@@ -1,0 +1,344 @@
+"""The conformance suite's pytest plugin: options, markers, the ``backend`` fixture, tier gating,
+expectations, the report header and the results report. Load it with ``-p hisparse_hal.conformance.plugin``.
+
+Invariants: the probe tier runs first and, if any of its tests fails, every later test is skipped
+with a reason saying so (under xdist the controller publishes the probe tier's outcome to the workers
+through a gate file); tests skip by capability, never by vendor name; every expected failure is strict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hisparse_hal.errors import HalError
+
+from . import SUITE_VERSION
+from .expectations import Expectations, backend_architectures, load_expectations
+from .recipe import BackendRecipe, vendor_expectations_path
+from .report import AREAS, ResultCollector, area_of, build_results, render_summary, suite_test_id, write_report
+
+pytest_plugins = ("hisparse_hal.conformance.fixtures",)
+
+STATE_KEY = pytest.StashKey["ConformanceState"]()
+GATE_WAIT_S = 900.0
+
+
+class UnmatchedExpectationWarning(UserWarning):
+    """An expectations entry matched no test of the suite (a stale id or a typo)."""
+
+
+class ConformanceState:
+    """Per-process state of a conformance run."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.recipe = BackendRecipe.resolve(config.getoption("hal_backend"), config.getoption("hal_factory"))
+        self.strict = bool(config.getoption("hal_strict"))
+        self.report_dir = config.getoption("hal_report")
+        self._backend: Any = None
+        self._backend_error: BaseException | None = None
+        self.backend_facts: dict[str, Any] = {}
+        self.expectations_path = self._expectations_path(config.getoption("hal_expectations"))
+        self.expectations = load_expectations(self.expectations_path) if self.expectations_path else Expectations()
+        self.unmatched: list[str] = []
+        self.probe_failures: list[str] = []
+        self.collector = ResultCollector()
+        self.gate_file: str | None = getattr(config, "workerinput", {}).get("hal_gate_file")
+        self.pending_probe: set[str] | None = None
+        self.started = time.time()
+
+    def _expectations_path(self, given: str | None) -> str | None:
+        if given:
+            if given.lower() == "none":
+                return None
+            return given
+        klass = self.recipe.backend_class()
+        if klass is None:  # a factory: the class is known only once built
+            klass = type(self.backend())
+        found = vendor_expectations_path(klass)
+        return str(found) if found else None
+
+    def backend(self) -> Any:
+        """The backend under test, built once per process."""
+        if self._backend is None and self._backend_error is None:
+            try:
+                self._backend = self.recipe.build()
+                self.backend_facts = backend_facts(self._backend)
+            except BaseException as exc:  # re-raised by every test that needs the backend
+                self._backend_error = exc
+        if self._backend_error is not None:
+            raise self._backend_error
+        return self._backend
+
+    def architectures(self) -> tuple[str, ...]:
+        try:
+            backend = self.backend()
+        except BaseException:  # noqa: BLE001 - reported by the tests themselves
+            return ()
+        return backend_architectures(backend.capabilities.versions, probe_facts(self.recipe))
+
+
+def probe_facts(recipe: BackendRecipe) -> dict[str, Any]:
+    """The probe's facts for a registry backend (empty for a factory)."""
+    if recipe.registry_name is None:
+        return {}
+    from hisparse_hal.registry import probe_backends
+
+    for result in probe_backends():
+        if result.name == recipe.registry_name:
+            return dict(result.facts)
+    return {}
+
+
+def backend_facts(backend: Any) -> dict[str, Any]:
+    """JSON-ready facts of a constructed backend: class, device, capabilities, architectures."""
+    caps = backend.capabilities
+    return {
+        "backend_name": backend.name,
+        "backend_class": f"{type(backend).__module__}:{type(backend).__qualname__}",
+        "device": str(backend.device),
+        "capabilities": caps.as_dict(),
+        "architectures": list(backend_architectures(caps.versions, {})),
+    }
+
+
+def environment_facts(recipe: BackendRecipe) -> dict[str, Any]:
+    """Facts that make a run reproducible without constructing the backend."""
+    import torch
+
+    facts = probe_facts(recipe)
+    return {
+        "recipe": recipe.describe(),
+        "probe": {k: v for k, v in facts.items()},
+        "torch": torch.__version__,
+        "torch_cuda": getattr(torch.version, "cuda", None),
+        "torch_hip": getattr(torch.version, "hip", None),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HISPARSE_")},
+        "architectures": list(backend_architectures({}, facts)),
+    }
+
+
+# ------------------------------------------------------------------------------------------ options
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hisparse-hal", "hisparse-hal conformance")
+    group.addoption("--hal-backend", default=None, metavar="NAME", help="registry name of the backend under test (strict); default: what get_backend() selects")
+    group.addoption("--hal-factory", default=None, metavar="MODULE:CALLABLE", help="build an unregistered backend by calling this")
+    group.addoption("--hal-expectations", default=None, metavar="FILE", help="expectations TOML; default: the vendor's expectations.toml; 'none' for no file")
+    group.addoption("--hal-report", default=None, metavar="DIR", help="write results.json and summary.md here")
+    group.addoption("--hal-strict", action="store_true", default=False, help="expectation entries that match no test fail the run")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs(*capabilities): skip unless each named Capabilities flag is true (the reason names it)")
+    try:
+        state = ConformanceState(config)
+    except HalError as exc:
+        raise pytest.UsageError(f"hisparse-hal conformance: {exc}") from exc
+    config.stash[STATE_KEY] = state
+    config.pluginmanager.register(RunHooks(state), "hisparse-hal-conformance-run")
+
+
+def state_of(config: pytest.Config) -> ConformanceState:
+    """The run's :class:`ConformanceState`."""
+    return config.stash[STATE_KEY]
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+# ------------------------------------------------------------------------------------------ header
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    import torch
+
+    from hisparse_hal.registry import format_probe_table, probe_backends
+
+    state = state_of(config)
+    results = probe_backends()
+    lines = [
+        f"hisparse-hal conformance suite {SUITE_VERSION}; backend under test: {state.recipe.describe()}",
+        f"expectations: {state.expectations_path or 'none'} ({len(state.expectations.entries)} entries)"
+        + ("; strict" if state.strict else ""),
+        f"torch {torch.__version__} (cuda {torch.version.cuda}, hip {getattr(torch.version, 'hip', None)}); "
+        f"python {platform.python_version()}; {platform.platform()}",
+        "HISPARSE_* environment: "
+        + (", ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("HISPARSE_")) or "none set"),
+        "probe table:",
+    ]
+    lines += ["  " + line for line in format_probe_table(results, state.recipe.registry_name).splitlines()]
+    for r in results:
+        if r.facts:
+            lines.append(f"  {r.name} facts: " + ", ".join(f"{k}={v}" for k, v in r.facts.items()))
+    return lines
+
+
+# ------------------------------------------------------------------------------------------ collection
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Probe tier first; expectations applied as strict xfail or skip marks; stale entries warned."""
+    state = state_of(config)
+    items.sort(key=lambda item: 0 if area_of(item.nodeid) == "probe" else 1)
+    expectations = state.expectations
+    if not expectations.entries:
+        return
+    archs = state.architectures() if expectations.needs_architectures() else ()
+    for item in items:
+        entry = expectations.lookup(suite_test_id(item.nodeid), archs)
+        if entry is None:
+            continue
+        if entry.status == "xfail":
+            item.add_marker(pytest.mark.xfail(reason=entry.describe(), strict=True))
+        else:
+            item.add_marker(pytest.mark.skip(reason=entry.describe()))
+    state.unmatched = [f"{e.id} ({e.status}): {e.reason}" for e in expectations.unmatched(suite_test_id(i.nodeid) for i in items)]
+    for text in state.unmatched:
+        warnings.warn(UnmatchedExpectationWarning(f"expectation entry matches no test: {text}"), stacklevel=1)
+
+
+# ------------------------------------------------------------------------------------------ gating
+def _gate_from_file(state: ConformanceState) -> list[str]:
+    """Wait for the controller's verdict on the probe tier; the failed probe tests (empty: passed)."""
+    assert state.gate_file is not None
+    deadline = time.monotonic() + GATE_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            verdict = json.loads(Path(state.gate_file).read_text())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+            continue
+        return list(verdict.get("failed", []))
+    return [f"(the probe tier did not finish within {GATE_WAIT_S:.0f} s)"]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    state = state_of(item.config)
+    if area_of(item.nodeid) != "probe":
+        failed = list(state.probe_failures)
+        if not failed and state.gate_file is not None:
+            failed = _gate_from_file(state)
+        if failed:
+            pytest.skip(
+                f"probe tier failed ({', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''}); "
+                "the rest of the suite is skipped until the probe tier passes"
+            )
+    for mark in item.iter_markers("needs"):
+        backend = state.backend()
+        for capability in mark.args:
+            value = getattr(backend.capabilities, capability)
+            if not value:
+                pytest.skip(f"backend capability {capability} is {value!r} on {backend.name!r}; this test needs it")
+
+
+def _write_gate(state: ConformanceState, failed: list[str]) -> None:
+    assert state.gate_file is not None
+    tmp = state.gate_file + ".tmp"
+    Path(tmp).write_text(json.dumps({"failed": failed}))
+    os.replace(tmp, state.gate_file)
+
+
+class RunHooks:
+    """Hooks that need the run's state: result collection, and the probe gate under xdist."""
+
+    def __init__(self, state: ConformanceState) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        state = self.state
+        is_probe = area_of(report.nodeid) == "probe"
+        if is_probe and report.failed:
+            state.probe_failures.append(suite_test_id(report.nodeid))
+        if _is_worker(state.config):
+            return
+        state.collector.add(report)
+        if state.pending_probe is not None and is_probe:  # xdist controller: publish the probe verdict
+            if report.failed:
+                _write_gate(state, state.probe_failures)
+            elif report.when == "teardown":
+                state.pending_probe.discard(report.nodeid)
+                if not state.pending_probe and not state.probe_failures:
+                    _write_gate(state, [])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        state = self.state
+        if state.gate_file is None:
+            state.gate_file = os.path.join(tempfile.mkdtemp(prefix="hisparse-gate-"), "probe-tier.json")
+        node.workerinput["hal_gate_file"] = state.gate_file
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        state = self.state
+        if state.pending_probe is None:
+            state.pending_probe = {nodeid for nodeid in ids if area_of(nodeid) == "probe"}
+            if not state.pending_probe:
+                _write_gate(state, [])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        state = self.state
+        output = getattr(node, "workeroutput", {}) or {}
+        if output.get("hal_backend_facts") and not state.backend_facts:
+            state.backend_facts = json.loads(output["hal_backend_facts"])
+        for text in json.loads(output.get("hal_unmatched", "[]")):
+            if text not in state.unmatched:
+                state.unmatched.append(text)
+
+
+# ------------------------------------------------------------------------------------------ finish
+def _document(state: ConformanceState) -> dict[str, Any]:
+    facts = environment_facts(state.recipe)
+    facts.update(state.backend_facts)
+    facts["architectures"] = sorted(set(facts.get("architectures", [])) | set(backend_architectures({}, facts.get("probe", {}))))
+    facts["duration_s"] = round(time.time() - state.started, 2)
+    backend = state.recipe.registry_name or state.backend_facts.get("backend_name") or state.recipe.describe()
+    return build_results(
+        SUITE_VERSION,
+        backend,
+        facts,
+        state.collector.results(),
+        {"expectations": {"file": state.expectations_path, "strict": state.strict, "unmatched": state.unmatched}},
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    state = state_of(config)
+    if _is_worker(config):
+        config.workeroutput["hal_backend_facts"] = json.dumps(state.backend_facts, default=str)  # type: ignore[attr-defined]
+        config.workeroutput["hal_unmatched"] = json.dumps(state.unmatched)  # type: ignore[attr-defined]
+        return
+    if state.strict and state.unmatched and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if state.report_dir:
+        write_report(state.report_dir, _document(state))
+    if state.gate_file and Path(state.gate_file).exists():
+        Path(state.gate_file).unlink()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = state_of(config)
+    if _is_worker(config):
+        return
+    doc = _document(state)
+    terminalreporter.section("hisparse-hal conformance")
+    for line in render_summary(doc).splitlines():
+        if line.startswith("|") or line.startswith("# "):
+            terminalreporter.write_line(line)
+    if state.unmatched:
+        verb = "FAIL (--hal-strict)" if state.strict else "warning"
+        for text in state.unmatched:
+            terminalreporter.write_line(f"{verb}: expectation entry matches no test: {text}")
+    if state.report_dir:
+        terminalreporter.write_line(f"report: {Path(state.report_dir) / 'results.json'}, {Path(state.report_dir) / 'summary.md'}")

@@ -1,0 +1,134 @@
+"""A picklable recipe for constructing the backend under test, in this process or a spawned one.
+
+Invariant: a recipe holds only strings (a registry name or a ``module:callable`` factory), so every
+process of a conformance run (pytest workers, IPC peers) constructs the same backend from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.resources
+from pathlib import Path
+from typing import Any
+
+from hisparse_hal.backend import HiSparseBackend
+from hisparse_hal.errors import InvalidArgumentError
+from hisparse_hal.registry import BackendSpec, discover_specs, get_backend, select_backend
+
+__all__ = ["BackendRecipe", "load_factory", "vendor_expectations_path"]
+
+EXPECTATIONS_FILE = "expectations.toml"
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendRecipe:
+    """How to build the backend under test: exactly one of a registry name or a factory.
+
+    Attributes:
+        registry_name: a name registered in ``hisparse_hal.backends`` (built through ``get_backend``).
+        factory: ``"module:callable"`` returning a :class:`HiSparseBackend` (an unregistered backend).
+    """
+
+    registry_name: str | None = None
+    factory: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.registry_name is None) == (self.factory is None):
+            raise InvalidArgumentError(
+                "a backend recipe needs exactly one of a registry name or a factory, got "
+                f"registry_name={self.registry_name!r}, factory={self.factory!r}"
+            )
+
+    @classmethod
+    def resolve(cls, backend: str | None = None, factory: str | None = None) -> "BackendRecipe":
+        """The recipe for ``--backend``/``--factory``; neither means what ``get_backend()`` selects.
+
+        Raises:
+            InvalidArgumentError: both were given.
+            BackendUnavailableError: the named (or default) backend is unknown or unavailable; the
+                message includes the probe table.
+        """
+        if backend is not None and factory is not None:
+            raise InvalidArgumentError(
+                f"give either a backend name ({backend!r}) or a factory ({factory!r}), not both"
+            )
+        if factory is not None:
+            return cls(factory=factory)
+        chosen = select_backend(backend).chosen
+        assert chosen is not None
+        return cls(registry_name=chosen.name)
+
+    def describe(self) -> str:
+        """A short human label: ``"cpu (registry)"`` or ``"pkg.mod:make (factory)"``."""
+        return f"{self.registry_name} (registry)" if self.registry_name else f"{self.factory} (factory)"
+
+    def build(self) -> HiSparseBackend:
+        """Construct the backend (registry backends are cached per process by ``get_backend``).
+
+        Raises:
+            BackendUnavailableError: a registry backend is unavailable.
+            InvalidArgumentError: the factory cannot be imported or returned no backend.
+        """
+        if self.registry_name is not None:
+            return get_backend(self.registry_name)
+        assert self.factory is not None
+        made = load_factory(self.factory)()
+        if not isinstance(made, HiSparseBackend):
+            raise InvalidArgumentError(
+                f"factory {self.factory!r} returned {type(made).__name__}, not a HiSparseBackend"
+            )
+        return made
+
+    def backend_class(self) -> type | None:
+        """The backend class without constructing it, when the recipe names a registry backend."""
+        if self.registry_name is None:
+            return None
+        for item in discover_specs():
+            if isinstance(item, BackendSpec) and item.name == self.registry_name:
+                return item.load_class()
+        return None
+
+
+def load_factory(target: str) -> Any:
+    """Import ``"module:attr.path"`` and return the attribute.
+
+    Raises:
+        InvalidArgumentError: malformed target, module not importable, or attribute missing.
+    """
+    module_name, sep, attr_path = target.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise InvalidArgumentError(f"factory must look like 'package.module:callable', got {target!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidArgumentError(f"factory {target!r}: cannot import {module_name!r}: {exc}") from exc
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise InvalidArgumentError(f"factory {target!r}: {module_name!r} has no attribute {attr_path!r}") from None
+    if not callable(obj):
+        raise InvalidArgumentError(f"factory {target!r} is not callable ({type(obj).__name__})")
+    return obj
+
+
+def vendor_expectations_path(backend_class: type) -> Path | None:
+    """The ``expectations.toml`` kept with the vendor package of ``backend_class``, if any.
+
+    Walks the class's method resolution order, so a subclass defined elsewhere (a test double, a
+    patched build) uses the expectations of the vendor it extends.
+    """
+    for klass in backend_class.__mro__:
+        if klass is HiSparseBackend or klass is object:
+            break
+        package = klass.__module__.rpartition(".")[0]
+        if not package:
+            continue
+        try:
+            candidate = importlib.resources.files(package) / EXPECTATIONS_FILE
+        except (ModuleNotFoundError, TypeError):
+            continue
+        if candidate.is_file():
+            return Path(str(candidate))
+    return None
