@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# GPU check: everything a lent GPU machine should run, written under one folder. Installs nothing.
+#
+# Usage: ci/gpu-check.sh [BACKEND] [OUTDIR]
+#   BACKEND  backend name, default "cuda". The same script with "rocm" runs on an AMD machine
+#            (rocm-smi replaces nvidia-smi); nothing else changes.
+#   OUTDIR   where results go; default $OUT when set (the device tool's output folder), else
+#            ./gpu-check-<backend>-<UTC timestamp>.
+#
+# Precondition: the package is importable in the current python (pip install -e '.[test,cuda]' done
+# beforehand, with a GPU build of torch). Every step is bounded with `timeout`; a failing step is
+# recorded in summary.txt and the next step still runs. Exit status: 0 when every step passed.
+# Step limits (seconds) can be lowered to fit a device budget: GPU_CHECK_CONFORMANCE_S, GPU_CHECK_BENCH_S.
+set -u
+
+backend="${1:-cuda}"
+outdir="${2:-${OUT:-./gpu-check-${backend}-$(date -u +%Y%m%dT%H%M%SZ)}}"
+mkdir -p "$outdir"
+outdir="$(cd "$outdir" && pwd)"
+cd "$(dirname "$0")/.."
+python="${PYTHON:-python3}"
+summary="$outdir/summary.txt"
+failed=0
+
+# step NAME SECONDS COMMAND...: stdout to NAME.txt, stderr to NAME.err, status to summary.txt.
+step() {
+    local name="$1" seconds="$2"
+    shift 2
+    local start end rc
+    start=$(date +%s)
+    timeout --kill-after=15 "$seconds" "$@" >"$outdir/$name.txt" 2>"$outdir/$name.err"
+    rc=$?
+    end=$(date +%s)
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        echo "$name: TIMED OUT after ${seconds}s (rc $rc)" >>"$summary"
+    else
+        echo "$name: rc $rc in $((end - start))s" >>"$summary"
+    fi
+    [ "$rc" -eq 0 ] || failed=1
+    [ -s "$outdir/$name.err" ] || rm -f "$outdir/$name.err"
+    return 0
+}
+
+{
+    echo "hisparse-hal GPU check, backend $backend"
+    echo "date (UTC): $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "host: $(uname -srmn)"
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | grep -q . && echo '(dirty)')"
+    echo
+} >"$summary"
+
+case "$backend" in
+    rocm) step device-smi 60 rocm-smi --showproductname --showdriverversion --showmeminfo vram ;;
+    *) step device-smi 60 nvidia-smi ;;
+esac
+step pip-torch 60 sh -c "\"$python\" -m pip list 2>/dev/null | grep -i -E '^(torch|nvidia-ml-py|amdsmi|hisparse-hal|triton) '"
+step torch 120 "$python" -c '
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "hip", getattr(torch.version, "hip", None))
+print("devices", torch.cuda.device_count())
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(i, p.name, getattr(p, "gcnArchName", None) or f"sm_{p.major}{p.minor}", f"{p.total_memory >> 30} GiB")
+'
+step info-json 120 hisparse-hal info --json
+step info 120 hisparse-hal info --backend "$backend"
+step conformance "${GPU_CHECK_CONFORMANCE_S:-360}" hisparse-hal conformance --backend "$backend" --report "$outdir/conformance"
+step bench "${GPU_CHECK_BENCH_S:-240}" hisparse-hal bench --backend "$backend" --json "$outdir/bench.json"
+
+echo "finished: $(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$summary"
+cat "$summary"
+exit "$failed"
