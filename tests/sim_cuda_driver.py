@@ -12,7 +12,8 @@ Documented driver behaviours it reproduces (sources in vendor-facts.md):
   is ``CUDA_ERROR_INVALID_VALUE``; at 13.0 and later the name resolves to the ``_v2`` ABI without
   ``failIdx`` unless the 12.8 ABI is requested (quirks 1-2);
 - the batch call rejects the legacy default stream with ``CUDA_ERROR_INVALID_VALUE`` (quirk 3);
-- the batch call requires one attribute entry per copy (cuda-python ``memcpy_batch_async`` docs);
+- the batch call requires one attribute entry per copy (cuda-python ``memcpy_batch_async`` docs) and
+  rejects zero-byte entries (rapidsai/rmm #2509);
 - a batch above ``crash_above`` descriptors "crashes": it returns ``CUDA_ERROR_ILLEGAL_ADDRESS`` and
   poisons the context, so every later call fails with it (quirk 4, and the sticky error of quirk 7);
 - copies and registrations need a current context (``CUDA_ERROR_INVALID_CONTEXT`` otherwise);
@@ -330,7 +331,8 @@ class SimulatedCudaDriver:
         s = (ctypes.c_uint64 * count).from_address(srcs)
         n = (ctypes.c_size_t * count).from_address(sizes)
         for i in range(count):
-            if not self._copy_one(d[i], s[i], n[i]):
+            # The batch call rejects zero-byte entries (rapidsai/rmm #2509), unlike cuMemcpyAsync.
+            if n[i] == 0 or not self._copy_one(d[i], s[i], n[i]):
                 if fail_idx:
                     ctypes.c_size_t.from_address(fail_idx).value = i
                 return CODES["CUDA_ERROR_INVALID_VALUE"]

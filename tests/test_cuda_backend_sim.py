@@ -18,12 +18,14 @@ from sim_cuda_driver import SimulatedCudaDriver
 
 from hisparse_hal import KVCacheConfig, LayerSpec
 from hisparse_hal.errors import (
+    BackendUnavailableError,
     CaptureMisuseError,
     DeviceRuntimeError,
     InvalidArgumentError,
     InvalidDescriptorError,
     UnsupportedCapabilityError,
 )
+from hisparse_hal.registry import ProbeResult
 from hisparse_hal.vendors.cuda.backend import CudaBackend
 from hisparse_hal.vendors.cuda.capabilities import BATCH_CAP_ENV
 from hisparse_hal.vendors.cuda.driver import CudaDriver
@@ -328,3 +330,30 @@ def test_gather_runs_on_the_backend_device_and_preserves_bytes() -> None:
     assert torch.equal(out.view(torch.uint8), source.view(32, 656)[[9, 0, 31]])
     with pytest.raises(InvalidArgumentError, match="gather source is on meta, but backend 'cuda' runs on cpu"):
         backend.gather_resident_rows(torch.empty(4, 8, 656, device="meta"), out, torch.tensor([0]))
+
+
+# ----------------------------------------------------------------------------- construction from a probe
+def _probe_result(facts: dict) -> ProbeResult:
+    return ProbeResult("cuda", 100, True, "test", facts)
+
+
+def test_from_probe_plans_from_the_probed_driver_and_torchs_device_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0) if index == 1 else (8, 0))
+    backend = CudaBackend.from_probe(_probe_result({"driver_version": 12090}))
+    assert backend.device == torch.device("cuda", 1) and backend.device_index == 1
+    assert backend.capabilities.batch_copy == "native"
+    assert dict(backend.capabilities.versions) == {"driver": "12.9", "driver_api": "12090", "arch": "sm_90", "batch_cap": "default"}
+    assert isinstance(backend.runtime, CudaDriver) and backend.runtime.device_ordinal == 1  # libcuda not loaded yet
+
+
+def test_from_probe_without_a_driver_version_is_unavailable() -> None:
+    with pytest.raises(BackendUnavailableError, match="the CUDA probe facts give no driver version"):
+        CudaBackend.from_probe(_probe_result({}))
+
+
+def test_from_probe_on_a_torch_without_cuda_is_unavailable() -> None:
+    if torch.version.cuda is not None:
+        pytest.skip("needs a torch build without CUDA")
+    with pytest.raises(BackendUnavailableError, match="torch cannot use CUDA although the probe passed"):
+        CudaBackend.from_probe(_probe_result({"driver_version": 12080}))

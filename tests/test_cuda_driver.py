@@ -120,8 +120,11 @@ def test_zero_byte_descriptors_are_left_out_and_indices_keep_the_callers_numberi
     sim = SimulatedCudaDriver(12080)
     setup = Setup(sim)
     batch = setup.spill([0, 1, 2, 3], sizes=[512, 0, 512, 512])
-    setup.driver.copy_batch(batch, STREAM, use_attributes=True)
+    setup.driver.copy_batch(batch, STREAM, use_attributes=True)  # the batch call rejects 0-byte entries
     assert sim.calls_to("cuMemcpyBatchAsync")[-1]["count"] == 3
+    assert torch.equal(setup.host_block(3), setup.device_block(3))
+    setup.driver.copy_batch(setup.spill([5], sizes=[0]), STREAM, use_attributes=True)  # nothing left: no call
+    assert len(sim.calls_to("cuMemcpyBatchAsync")) == 1
     sim.fail_copies_touching(setup.device.data_ptr() + 3 * 512)
     with pytest.raises(DeviceRuntimeError, match="at descriptor 3"):
         setup.driver.copy_batch(batch, STREAM, use_attributes=True)

@@ -61,21 +61,22 @@ class CudaBackend(TorchGpuBackend):
 
     @classmethod
     def from_probe(cls, probe: "ProbeResult") -> "CudaBackend":
-        """The backend for torch's current CUDA device, planned from the probe's driver version and arch.
+        """The backend for torch's current CUDA device, planned from the probed driver version and the
+        device's architecture as torch reports it (NVML numbers devices in PCI order, CUDA may not).
 
         Raises:
-            BackendUnavailableError: the probe's facts lack the driver version or this device.
+            BackendUnavailableError: the probe's facts lack the driver version, or torch cannot use CUDA.
         """
         facts: Mapping[str, Any] = probe.facts
         driver_version = facts.get("driver_version")
-        devices = facts.get("devices") or []
+        if not isinstance(driver_version, int):
+            raise BackendUnavailableError(
+                f"the CUDA probe facts give no driver version (driver_version={driver_version!r}); "
+                "run 'hisparse-hal info'"
+            )
         try:
             index = torch.cuda.current_device()
+            major, minor = torch.cuda.get_device_capability(index)
         except (RuntimeError, AssertionError) as exc:
             raise BackendUnavailableError(f"torch cannot use CUDA although the probe passed: {exc}") from exc
-        if not isinstance(driver_version, int) or index >= len(devices):
-            raise BackendUnavailableError(
-                f"the CUDA probe facts give no driver version or no entry for device {index} "
-                f"(driver_version={driver_version!r}, {len(devices)} devices); run 'hisparse-hal info'"
-            )
-        return cls.for_device(index, driver_version, devices[index]["arch"])
+        return cls.for_device(index, driver_version, f"sm_{major}{minor}")

@@ -290,10 +290,10 @@ class CudaDriver:
     def copy_batch(self, batch: SwapBatch, stream: int, *, use_attributes: bool) -> None:
         """One ``cuMemcpyBatchAsync`` call for the whole ``batch`` on ``stream``.
 
-        Zero-byte descriptors are left out (vectorized); the failing index is reported in the
-        numbering of ``batch``. ``use_attributes`` passes one attribute entry that makes every copy
-        read its source in stream order; CUDA requires attributes for each copy, so False is only for
-        comparisons.
+        Zero-byte descriptors are left out, vectorized (the batch call rejects them, rapidsai/rmm
+        #2509); the failing index is reported in the numbering of ``batch``. ``use_attributes``
+        passes one attribute entry that makes every copy read its source in stream order; CUDA
+        requires attributes for each copy, so False is only for comparisons.
 
         Raises:
             DeviceRuntimeError: the symbol is missing, or the call failed (error name, failing index).

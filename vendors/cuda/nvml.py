@@ -3,7 +3,10 @@
 Invariant: creates no CUDA context and loads no CUDA library; NVML is initialised and shut down around
 each read. ``CUDA_VISIBLE_DEVICES`` is honoured as CUDA parses it: indices or ``GPU-`` UUIDs (unique
 prefixes allowed), parsing stops at the first invalid entry, and empty or ``-1`` hides all. ``MIG-``
-instances are not resolved (they read as an invalid entry).
+instances are not resolved (they read as an invalid entry). Indices are NVML's (PCI bus order), which
+is CUDA's numbering with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on machines with one GPU model; CUDA's
+default fastest-first order may differ on mixed machines, so the backend reads its own device's
+architecture from torch.
 """
 
 from __future__ import annotations
