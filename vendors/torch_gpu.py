@@ -14,6 +14,7 @@ import os
 import struct
 import time
 import uuid
+import warnings
 from typing import Iterator, Protocol, runtime_checkable
 
 import torch
@@ -37,6 +38,7 @@ __all__ = [
     "BATCH_COPY_MODES",
     "encode_event_handle",
     "decode_event_handle",
+    "nonempty_descriptors",
 ]
 
 log = logging.getLogger(__name__)
@@ -385,7 +387,10 @@ class TorchGpuBackend(HiSparseBackend):
         """
         if self.is_current_stream_capturing():
             raise CaptureMisuseError("capture() called while the current stream is already capturing")
-        with self._device_scope():
+        with self._device_scope(), warnings.catch_warnings():
+            # An empty capture is valid here (it replays as a no-op); torch warns that it "usually
+            # means" a wrong stream, which is noise for this contract.
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty", category=UserWarning)
             captured = GpuCapturedGraph(torch.cuda.CUDAGraph())
             with torch.cuda.graph(captured.graph):
                 yield captured
@@ -455,3 +460,17 @@ def _shift_error(error: DeviceRuntimeError, offset: int) -> DeviceRuntimeError:
         done = f"descriptors before {offset} were already enqueued in earlier chunks"
         detail = f"{detail}; {done}" if detail else done
     return DeviceRuntimeError(error.call, error.code, error.error_name, detail, index)
+
+
+def nonempty_descriptors(batch: SwapBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(dst, src, sizes, positions)`` of ``batch`` without its zero-byte descriptors, vectorized.
+
+    A zero-byte copy moves nothing, and vendor batch calls may reject it (cuMemcpyBatchAsync does,
+    rapidsai/rmm #2509), so runtimes leave such descriptors out. ``positions`` maps each kept
+    descriptor back to its index in ``batch`` for error messages; it is None when every one is kept.
+    """
+    keep = batch.sizes != 0
+    if bool(keep.all()):
+        return batch.dst, batch.src, batch.sizes, None
+    positions = keep.nonzero().squeeze(1)
+    return batch.dst[positions], batch.src[positions], batch.sizes[positions], positions
