@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError, InvalidArgumentError
 from hisparse_hal.regions import SwapBatch
+from hisparse_hal.vendors.torch_gpu import nonempty_descriptors
 
 from .capabilities import MAX_BATCH_DESCRIPTORS
 
@@ -277,7 +278,8 @@ class HipRuntime:
 
         Args:
             batch: at most :data:`MAX_BATCH_DESCRIPTORS` validated descriptors (int64 arrays share the
-                layout of ``void*`` and ``size_t`` arrays on 64-bit Linux).
+                layout of ``void*`` and ``size_t`` arrays on 64-bit Linux). Zero-byte descriptors are
+                left out, vectorized; an error's index is still in the numbering of ``batch``.
             stream: the ``hipStream_t`` handle.
             use_attributes: pass one attribute (source read in stream order) for every copy; only where
                 the runtime accepts attributes (7.13+; 7.2.1-7.2.3 return 801, ROCm/clr #273).
@@ -289,39 +291,47 @@ class HipRuntime:
         function = self._functions.get("hipMemcpyBatchAsync")
         if function is None:
             raise InvalidArgumentError(f"{self.path} has no hipMemcpyBatchAsync (ROCm < 7.1); use copy_each")
-        count = batch.count
-        if count > MAX_BATCH_DESCRIPTORS:
+        if batch.count > MAX_BATCH_DESCRIPTORS:
             raise InvalidArgumentError(
-                f"hipMemcpyBatchAsync given {count} descriptors; more than {MAX_BATCH_DESCRIPTORS} fault the "
+                f"hipMemcpyBatchAsync given {batch.count} descriptors; more than {MAX_BATCH_DESCRIPTORS} fault the "
                 "GPU (vLLM #43018; rocm-systems #9915), chunk the batch first"
             )
+        # Zero-byte copies move nothing and HIP documents nothing about them in a batch: leave them out.
+        dst, src, sizes, positions = nonempty_descriptors(batch)
+        count = int(sizes.numel())
+        if count == 0:
+            return
         fail_index = ctypes.c_size_t(SIZE_MAX)
         if use_attributes:
             attrs, attr_index, num_attrs = ctypes.addressof(self._stream_order), ctypes.addressof(self._attribute_index), 1
         else:
             attrs, attr_index, num_attrs = None, None, 0
         status = function(
-            batch.dst.data_ptr(), batch.src.data_ptr(), batch.sizes.data_ptr(), count,
+            dst.data_ptr(), src.data_ptr(), sizes.data_ptr(), count,
             attrs, attr_index, num_attrs, ctypes.addressof(fail_index), stream,
         )
         if status != HIP_SUCCESS:
-            index = fail_index.value if fail_index.value < count else None
+            index = None
+            if fail_index.value < count:
+                index = int(positions[fail_index.value]) if positions is not None else fail_index.value
             detail = f"{count} copies on stream {stream:#x}" + ("" if index is None else f"; the runtime stopped at copy {index}")
             self._check("hipMemcpyBatchAsync", status, detail, index)
 
     def copy_each(self, batch: SwapBatch, stream: int) -> None:
-        """One ``hipMemcpyAsync`` (``hipMemcpyDefault``) per descriptor: the fallback before ROCm 7.1.
+        """One ``hipMemcpyAsync`` (``hipMemcpyDefault``) per non-empty descriptor: the fallback before ROCm 7.1.
 
         Raises:
             DeviceRuntimeError: naming the failing descriptor; the ones before it were enqueued.
         """
         memcpy = self._functions["hipMemcpyAsync"]
-        for i, (src, dst, size) in enumerate(zip(batch.src.tolist(), batch.dst.tolist(), batch.sizes.tolist())):
-            status = memcpy(dst, src, size, HIP_MEMCPY_DEFAULT, stream)
+        dst, src, sizes, positions = nonempty_descriptors(batch)
+        for i, (d, s, n) in enumerate(zip(dst.tolist(), src.tolist(), sizes.tolist())):
+            status = memcpy(d, s, n, HIP_MEMCPY_DEFAULT, stream)
             if status != HIP_SUCCESS:
+                index = int(positions[i]) if positions is not None else i
                 self._check(
                     "hipMemcpyAsync", status,
-                    f"{size} bytes {src:#x} -> {dst:#x}; descriptors before {i} were already enqueued", i,
+                    f"{n} bytes {s:#x} -> {d:#x}; descriptors before {index} were already enqueued", index,
                 )
 
     # ----------------------------------------------------------------- host registration
