@@ -8,6 +8,7 @@ Figures are medians of repeated runs, device-synchronized.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -31,6 +32,14 @@ DS_MLA_ROW = 656
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _side_stream(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Swaps run on a side stream on GPUs: the batch call rejects the legacy default stream (handle 0)
+    and falls back to the per-copy loop there (vLLM cache_kernels.cu; cudf #20800), as engines must."""
+    if device.type == "cuda":
+        return torch.cuda.stream(torch.cuda.Stream(device))
+    return contextlib.nullcontext()
 
 
 def _median_seconds(fn: Callable[[], None], device: torch.device, repeats: int, warmup: int = 1) -> float:
@@ -176,7 +185,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print a table; returns the exit code."""
     backend = get_backend(args.backend)
-    swaps = bench_swaps(backend, args.swap_mib << 20, args.repeats)
+    with _side_stream(backend.device):
+        swaps = bench_swaps(backend, args.swap_mib << 20, args.repeats)
     gathers = bench_gathers(backend, args.repeats)
     print(f"backend {backend.name} on {backend.device} (torch {torch.__version__}); GB/s, median of {args.repeats}")
     print()
