@@ -1,0 +1,177 @@
+"""Probe tier (runs first; if any of it fails the rest of the suite is skipped): every backend explains
+itself, probing and selecting touch no device, capabilities are a stable value, and what a backend
+declares is what it does."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from hisparse_hal.capabilities import KV_FORMATS, Capabilities
+from hisparse_hal.errors import UnsupportedCapabilityError
+from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
+from hisparse_hal.registry import probe_backends, select_backend
+
+from hisparse_hal.conformance.arenas import device_caches, pinned_host_pool, random_bytes
+from hisparse_hal.conformance.swap_plan import SwapPlan
+
+NO_CONTEXT_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import hisparse_hal
+    from hisparse_hal import probe_backends, select_backend
+    from hisparse_hal.errors import BackendUnavailableError
+    results = probe_backends()
+    try:
+        chosen = select_backend(sys.argv[1] or None, results).chosen.name
+    except BackendUnavailableError as exc:
+        chosen = "none: " + str(exc).splitlines()[0]
+    imported = None
+    if sys.argv[2] == "import":
+        spec = next((r.spec for r in results if r.name == chosen), None)
+        if spec is not None:
+            spec.load_class()
+            imported = spec.backend_class
+    if sys.argv[3]:
+        module = sys.argv[3].partition(":")[0]
+        __import__(module)
+        imported = module
+    import torch
+    print(json.dumps({"initialized": torch.cuda.is_initialized(), "chosen": chosen, "imported": imported}))
+    """
+)
+
+
+def _run_isolated(tmp_path, *args: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_CONTEXT_SCRIPT, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, f"the probe subprocess failed:\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_every_registered_backend_gives_a_reason():
+    results = probe_backends()
+    assert results, "no backend is registered in the hisparse_hal.backends entry-point group"
+    for result in results:
+        assert isinstance(result.reason, str) and result.reason.strip(), f"backend {result.name!r} gave no reason"
+        assert isinstance(result.available, bool)
+        assert isinstance(dict(result.facts), dict)
+        json.dumps(result.as_dict(), default=str)
+
+
+def test_probing_and_selecting_create_no_device_context(tmp_path, backend_recipe):
+    outcome = _run_isolated(tmp_path, backend_recipe.registry_name or "", "", "")
+    assert outcome["initialized"] is False, f"probing and selecting ({outcome['chosen']}) initialized a device context"
+
+
+def test_importing_the_backend_module_creates_no_device_context(tmp_path, backend_recipe):
+    outcome = _run_isolated(tmp_path, backend_recipe.registry_name or "", "import", backend_recipe.factory or "")
+    assert outcome["imported"], "the backend module was not imported"
+    assert outcome["initialized"] is False, f"importing {outcome['imported']} initialized a device context"
+
+
+def test_the_backend_under_test_is_selected_with_a_reason(backend_recipe, backend):
+    if backend_recipe.registry_name is None:
+        pytest.skip("the backend under test comes from a factory, so the registry does not select it")
+    selection = select_backend(backend_recipe.registry_name)
+    assert selection.chosen is not None and selection.chosen.available
+    assert selection.chosen.reason.strip() and backend_recipe.registry_name in selection.explanation
+    assert backend.name == backend_recipe.registry_name, f"backend registered as {backend_recipe.registry_name!r} calls itself {backend.name!r}"
+    backend.check_available()
+
+
+def test_backend_identity(backend):
+    assert isinstance(backend.name, str) and backend.name.strip()
+    assert isinstance(backend.device, torch.device)
+    assert backend.device == backend.device
+
+
+def test_capabilities_are_a_stable_value(backend):
+    first, second = backend.capabilities, backend.capabilities
+    assert isinstance(first, Capabilities)
+    assert first == second, "capabilities changed between two reads"
+    assert json.dumps(first.as_dict(), default=str) == json.dumps(second.as_dict(), default=str)
+    json.dumps(first.as_dict())  # JSON-ready as documented
+
+
+def test_capabilities_are_consistent(backend):
+    caps = backend.capabilities
+    assert caps.batch_copy in ("native", "loop")
+    assert caps.max_batch_descriptors is None or (isinstance(caps.max_batch_descriptors, int) and caps.max_batch_descriptors >= 1)
+    assert caps.ipc_event_max_cycles is None or caps.ipc_event_max_cycles >= 1
+    assert isinstance(caps.kv_formats, frozenset) and caps.kv_formats <= KV_FORMATS
+    assert caps.stats_dtype in (torch.uint64, torch.int64)
+    assert backend.stats_dtype == caps.stats_dtype
+    assert backend.supports_shared_host_pool == caps.shared_host_pool
+    if caps.shared_host_pool:
+        assert caps.ipc_events, "a shared host pool needs IPC events, but ipc_events is False"
+        assert caps.ipc_event_max_cycles is None, (
+            f"a shared host pool needs one record/wait per step without limit, but ipc_event_max_cycles="
+            f"{caps.ipc_event_max_cycles}"
+        )
+    assert all(isinstance(k, str) for k in caps.versions)
+
+
+def test_declared_graph_capture_matches_behaviour(backend, capabilities):
+    if capabilities.graph_capture:
+        with backend.capture() as graph:
+            assert backend.is_current_stream_capturing() is True
+        assert backend.is_current_stream_capturing() is False
+        graph.replay()
+    else:
+        with pytest.raises(UnsupportedCapabilityError, match="capture"):
+            with backend.capture():
+                pass
+        assert backend.is_current_stream_capturing() is False
+
+
+def test_declared_ipc_events_match_behaviour(backend, capabilities):
+    if not capabilities.ipc_events:
+        with pytest.raises(UnsupportedCapabilityError):
+            backend.create_ipc_event()
+        return
+    event = backend.create_ipc_event()
+    for member in ("record", "wait", "query", "synchronize"):
+        assert callable(getattr(event, member, None)), f"IPC event lacks {member}()"
+    handle = backend.export_event(event)
+    assert isinstance(handle, bytes) and handle, f"export_event must return non-empty bytes, got {type(handle).__name__}"
+    assert pickle.loads(pickle.dumps(handle)) == handle
+    event.record()
+    event.synchronize()
+    assert event.query() is True
+
+
+@pytest.mark.parametrize("fmt", sorted(KV_FORMATS))
+def test_declared_kv_formats_match_behaviour(backend, capabilities, fmt):
+    width = KV_FORMAT_SPECS[fmt].fixed_row_bytes or 64
+    config = KVCacheConfig(fmt, 4, 4, width, (LayerSpec("layer.0"),))
+    if fmt in capabilities.kv_formats:
+        backend.validate_kv_cache_config(config)
+    else:
+        with pytest.raises(UnsupportedCapabilityError, match=fmt):
+            backend.validate_kv_cache_config(config)
+
+
+def test_declared_max_batch_descriptors_is_honoured(backend, memory, capabilities):
+    cap = capabilities.max_batch_descriptors
+    count = min(cap + 1, 20_001) if cap is not None else 20_001
+    block = 8
+    (cache,) = memory.enter_context(device_caches(backend, 1, count * block))
+    pool = memory.enter_context(pinned_host_pool(backend, count * block))
+    cache.fill(random_bytes(cache.size, 1))
+    pool.fill(random_bytes(pool.size, 2))
+    plan = SwapPlan()
+    plan.add_many(cache, torch.arange(count) * block, pool, torch.arange(count).flip(0) * block, torch.full((count,), block))
+    before = plan.snapshot()
+    backend.swap_blocks_batch(*plan.descriptors())
+    plan.assert_matches(plan.expected(before))
