@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import os
 from collections import Counter
 from typing import Iterator
 
@@ -102,6 +103,10 @@ class SimulatedHipRuntime:
         alias_offset: device alias = host address + this (0 models systems where they coincide).
         fail_register_on_call: the n-th ``hipHostRegister`` call (1-based) returns hipErrorOutOfMemory.
         fail_device_pointer_on_call: the n-th ``hipHostGetDevicePointer`` call returns hipErrorInvalidValue.
+        unknown_memory_is_device: treat memory never adopted nor registered as device memory (for suites
+            that allocate "device" tensors on the CPU without telling the simulator); aliases still fail.
+        run_copies_immediately: copy at enqueue instead of at :meth:`synchronize` (for callers whose
+            synchronize is a no-op on the CPU device).
     """
 
     def __init__(
@@ -111,8 +116,12 @@ class SimulatedHipRuntime:
         alias_offset: int = 1 << 47,
         fail_register_on_call: int | None = None,
         fail_device_pointer_on_call: int | None = None,
+        unknown_memory_is_device: bool = False,
+        run_copies_immediately: bool = False,
     ) -> None:
         self.release = RELEASES[release]
+        self.unknown_memory_is_device = unknown_memory_is_device
+        self.run_copies_immediately = run_copies_immediately
         self.alias_offset = alias_offset
         self.fail_register_on_call = fail_register_on_call
         self.fail_device_pointer_on_call = fail_device_pointer_on_call
@@ -181,7 +190,7 @@ class SimulatedHipRuntime:
         for start, length, _label in self.device_memory:
             if start <= address and end <= start + length:
                 return "device"
-        return "unknown"
+        return "device" if self.unknown_memory_is_device else "unknown"
 
     def _copy_error(self, dst: int, src: int, size: int) -> str | None:
         for side, address in (("source", src), ("destination", dst)):
@@ -247,8 +256,13 @@ class SimulatedHipRuntime:
             self.last_error_detail = problem
             return HIP_ERROR_INVALID_VALUE
         self.copy_log.append(("hipMemcpyAsync", dst or 0, src or 0, size))
-        self.pending.setdefault(stream or 0, []).append((dst or 0, src or 0, size))
+        self._enqueue(stream or 0, [(dst or 0, src or 0, size)])
         return HIP_SUCCESS
+
+    def _enqueue(self, stream: int, copies: list[tuple[int, int, int]]) -> None:
+        self.pending.setdefault(stream, []).extend(copies)
+        if self.run_copies_immediately:
+            self.synchronize(stream)
 
     def _memcpy_batch_async(
         self, dsts: int | None, srcs: int | None, sizes: int | None, count: int,
@@ -289,13 +303,13 @@ class SimulatedHipRuntime:
                 if fail_idx:
                     ctypes.c_size_t.from_address(fail_idx).value = i
                 if self.release.internal_loop:  # the per-copy loop already enqueued the earlier copies
-                    self.pending.setdefault(stream or 0, []).extend(queued)
+                    self._enqueue(stream or 0, queued)
                 return HIP_ERROR_INVALID_VALUE
             queued.append((dst, src, size))
         self.batch_sizes.append(count)
         self.batch_attribute_orders.append(orders)
         self.copy_log.extend(("hipMemcpyBatchAsync", d, s, n) for d, s, n in queued)
-        self.pending.setdefault(stream or 0, []).extend(queued)
+        self._enqueue(stream or 0, queued)
         return HIP_SUCCESS
 
     def _check_attributes(self, attrs: int | None, attrs_idxs: int | None, num_attrs: int, count: int) -> tuple[int, ...] | None:
@@ -435,3 +449,25 @@ def capturing(backend) -> Iterator[None]:
         yield
     finally:
         backend.simulated_capturing = False
+
+
+def conformance_backend(release: str | None = None, arch: str | None = None) -> object:
+    """A SIMULATED ROCm backend for running the conformance suite on the CPU (``--factory``).
+
+    ``release`` and ``arch`` default to ``$SIM_HIP_RELEASE`` (7.14) and ``$SIM_HIP_ARCH`` (gfx950), which
+    reach the suite's worker processes too.
+
+    Graph capture and IPC events go through ``torch.cuda``, which this simulation does not provide, so
+    they are declared absent and the suite skips those tiers; everything else runs through the real
+    ``RocmBackend`` and ``HipRuntime`` against :class:`SimulatedHipRuntime`.
+    """
+    release = release or os.environ.get("SIM_HIP_RELEASE", "7.14")
+    arch = arch or os.environ.get("SIM_HIP_ARCH", "gfx950")
+    sim = SimulatedHipRuntime(release, unknown_memory_is_device=True, run_copies_immediately=True)
+    backend = simulated_rocm_backend(sim, arch)
+    backend._capabilities = dataclasses.replace(
+        backend.capabilities, graph_capture=False, ipc_events=False, shared_host_pool=False,
+        notes=(*backend.capabilities.notes, f"SIMULATED HIP runtime (ROCm {release}): capture and IPC not simulated"),
+    )
+    backend.simulator = sim
+    return backend
