@@ -267,6 +267,16 @@ def test_unpin_after_runtime_teardown_is_tolerated_and_logged(caplog):
     assert backend.pinned_registrations() == ()
 
 
+def test_unpin_after_a_sticky_gpu_fault_is_tolerated():
+    sim = SimulatedHipRuntime("7.14")
+    backend = simulated_rocm_backend(sim)
+    host = torch.zeros(4, BLOCK, dtype=torch.uint8)
+    backend.pin_tensor(host)
+    sim.faulted = True  # every later call returns hipErrorIllegalAddress, as after a real fault
+    backend.unpin_tensor(host)
+    assert backend.pinned_registrations() == ()
+
+
 def test_unpin_reports_a_runtime_error_that_is_not_teardown():
     sim = SimulatedHipRuntime("7.2.1")
     backend = simulated_rocm_backend(sim)

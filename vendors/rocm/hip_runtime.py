@@ -44,8 +44,12 @@ HIP_HOST_REGISTER_PORTABLE = 0x1  # registered for every device of the process
 HIP_HOST_REGISTER_MAPPED = 0x2  # mapped into the device address space: hipHostGetDevicePointer works
 HIP_MEMCPY_SRC_ACCESS_ORDER_STREAM = 0x1  # hipMemcpySrcAccessOrderStream
 SIZE_MAX = (1 << 64) - 1
-#: Codes meaning the runtime or its context is gone (teardown at interpreter exit, a dead device).
-_CONTEXT_LOST = {4: "hipErrorDeinitialized", 201: "hipErrorInvalidContext", 709: "hipErrorContextIsDestroyed"}
+#: Codes meaning the runtime or its context is gone: teardown at interpreter exit, or a sticky device
+#: fault after which every call fails (the same policy as the CUDA binding).
+_CONTEXT_LOST = {
+    4: "hipErrorDeinitialized", 201: "hipErrorInvalidContext", 709: "hipErrorContextIsDestroyed",
+    700: "hipErrorIllegalAddress", 719: "hipErrorLaunchFailure",
+}
 
 
 class HipMemLocation(ctypes.Structure):
