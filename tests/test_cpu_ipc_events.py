@@ -1,0 +1,366 @@
+"""Interprocess events of the CPU reference device, within one process and across spawned processes.
+
+Every wait is bounded: events get short timeouts, pipes are polled with timeouts, processes are joined
+with timeouts, and pytest-timeout bounds each test.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+
+import pytest
+import torch
+
+from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError
+from hisparse_hal.vendors.cpu import ipc_event
+from hisparse_hal.vendors.cpu.backend import CpuBackend
+from hisparse_hal.vendors.cpu.ipc_event import CpuIpcEvent
+
+POOL_BYTES = 4096
+CYCLES = 1000
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture
+def backend() -> CpuBackend:
+    return CpuBackend(event_timeout_s=5.0)
+
+
+@pytest.fixture
+def event(backend):
+    created = backend.create_ipc_event()
+    yield created
+    created.close()
+
+
+def _as_foreign(handle: bytes) -> bytes:
+    """The same handle as if another process had exported it (so this process may import it)."""
+    fields = json.loads(handle)
+    fields["process"] = "0" * 32
+    return json.dumps(fields).encode()
+
+
+def _event_path(handle: bytes) -> str:
+    fields = json.loads(handle)
+    return os.path.join(fields["dir"], fields["name"])
+
+
+def _recv(conn, timeout: float = 30.0):
+    if not conn.poll(timeout):
+        raise AssertionError(f"no message from the other process within {timeout} s")
+    return conn.recv()
+
+
+def _pattern(cycle: int) -> torch.Tensor:
+    return ((torch.arange(POOL_BYTES) * 7 + cycle) % 256).to(torch.uint8)
+
+
+# ----------------------------------------------------------------------------- in one process
+def test_record_query_wait_and_synchronize_complete_at_once(event):
+    assert event.query()
+    event.record()
+    assert event.query()
+    event.wait()
+    event.synchronize()
+    for _ in range(100):
+        event.record()
+    assert event._record.read() == (101, 101)
+
+
+def test_export_gives_picklable_bytes_naming_the_event_its_creator_and_a_token(backend, event):
+    handle = backend.export_event(event)
+    assert isinstance(handle, bytes) and pickle.loads(pickle.dumps(handle)) == handle
+    fields = json.loads(handle)
+    assert fields["name"] == event.name and fields["name"].startswith("hisparse-hal-event-")
+    assert fields["pid"] == os.getpid() and len(fields["token"]) == 32
+    assert os.path.exists(_event_path(handle))
+
+
+def test_import_in_the_exporting_process_is_rejected(backend, event):
+    with pytest.raises(InvalidArgumentError, match="exported by this same process; .* only be imported in another process"):
+        backend.import_event(torch.device("cpu"), backend.export_event(event))
+
+
+@pytest.mark.parametrize(
+    "handle, message",
+    [
+        ("not bytes", r"handle must be bytes from export_event, got str"),
+        (b"\xff\x00garbage", r"9-byte handle is not a CPU IPC event handle \(could not decode it"),
+        (b"HSHALEV1" + bytes(92), r"this handle comes from a GPU backend's export_event"),
+        (b"[1, 2]", r"handle kind 'list' is not 'hisparse-hal/cpu-ipc-event'"),
+        (json.dumps({"kind": "other"}).encode(), r"handle kind 'other' is not"),
+        (json.dumps({"kind": ipc_event.HANDLE_KIND, "version": 99}).encode(), r"handle version 99 is not 1"),
+        (json.dumps({"kind": ipc_event.HANDLE_KIND, "version": 1, "dir": "/dev/shm"}).encode(),
+         r"handle field 'name' is missing or not a str"),
+        (json.dumps({"kind": ipc_event.HANDLE_KIND, "version": 1, "dir": "/etc", "name": "../etc/passwd",
+                     "token": "0" * 32, "pid": 1, "process": "0" * 32}).encode(), r"handle names '/etc'/'../etc/passwd', which is not a CPU IPC event"),
+    ],
+    ids=["str", "undecodable", "gpu_handle", "json_list", "wrong_kind", "wrong_version", "missing_field", "bad_name"],
+)
+def test_import_rejects_malformed_handles(backend, handle, message):
+    with pytest.raises(InvalidArgumentError, match=f"import_event: {message}"):
+        backend.import_event("cpu", handle)
+
+
+def test_import_rejects_a_token_that_does_not_match_the_file(backend, event):
+    fields = json.loads(_as_foreign(backend.export_event(event)))
+    fields["token"] = "f" * 32
+    with pytest.raises(InvalidArgumentError, match="is not the event this handle names \\(token mismatch\\)"):
+        backend.import_event("cpu", json.dumps(fields).encode())
+
+
+@pytest.mark.parametrize("device, message", [("meta", "imports events on 'cpu', got meta"), ("nonsense", "'nonsense' is not a device")])
+def test_import_rejects_a_non_cpu_device(backend, event, device, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        backend.import_event(device, backend.export_event(event))
+
+
+def test_export_rejects_what_create_ipc_event_did_not_make(backend, event):
+    with pytest.raises(InvalidArgumentError, match="expected an event from create_ipc_event, got object"):
+        backend.export_event(object())
+    imported = backend.import_event("cpu", _as_foreign(backend.export_event(event)))
+    with pytest.raises(InvalidArgumentError, match="got CpuIpcEvent that was itself imported"):
+        backend.export_event(imported)
+    imported.close()
+    event.close()
+    with pytest.raises(InvalidArgumentError, match=f"export_event: event {event.name} is closed"):
+        backend.export_event(event)
+
+
+def test_closing_the_exporter_removes_the_file_and_later_imports_fail(backend):
+    created = backend.create_ipc_event()
+    handle = backend.export_event(created)
+    created.close()
+    created.close()  # idempotent
+    assert not os.path.exists(_event_path(handle))
+    for member in ("record", "wait", "query", "synchronize"):
+        with pytest.raises(InvalidArgumentError, match=f"{member} on closed CPU IPC event"):
+            getattr(created, member)()
+    with pytest.raises(InvalidArgumentError, match=r"no longer exists: its exporter closed it or exited"):
+        backend.import_event("cpu", _as_foreign(handle))
+
+
+def test_collected_exporter_removes_its_file(backend):
+    created = backend.create_ipc_event()
+    path = _event_path(backend.export_event(created))
+    del created
+    assert not os.path.exists(path)
+
+
+def test_record_and_wait_reject_a_stream(event):
+    with pytest.raises(InvalidArgumentError, match="one implicit stream; pass stream=None, got 'side'"):
+        event.record("side")
+    with pytest.raises(InvalidArgumentError, match="one implicit stream"):
+        event.wait("side")
+
+
+def test_pending_record_makes_waits_time_out_with_what_they_waited_for(event):
+    event.timeout_s = 0.2
+    event._issue_pending()
+    assert not event.query()
+    start = time.monotonic()
+    with pytest.raises(EventTimeoutError, match=r"wait on CPU IPC event .* timed out after 0.2 s waiting for record #1 \(completed: #0"):
+        event.wait()
+    assert time.monotonic() - start < 2
+    with pytest.raises(EventTimeoutError, match=r"synchronize .* timed out after 0.1 s .* raise HISPARSE_HAL_EVENT_TIMEOUT_S"):
+        event.synchronize(timeout=0.1)
+    event.record()  # record #2 completes, and with it everything before
+    event.wait()
+    assert event.query()
+
+
+def test_importer_waiting_on_a_closed_exporter_fails_fast(backend):
+    created = backend.create_ipc_event()
+    imported = backend.import_event("cpu", _as_foreign(backend.export_event(created)))
+    imported.timeout_s = 30
+    created._issue_pending()
+    created.close()
+    start = time.monotonic()
+    with pytest.raises(EventTimeoutError, match=r"exporting process \(pid \d+\) exited or closed the event with record #1 pending"):
+        imported.wait()
+    assert time.monotonic() - start < 5
+    imported.close()
+
+
+def test_records_by_an_importer_are_seen_by_the_exporter(backend, event):
+    imported = backend.import_event("cpu", _as_foreign(backend.export_event(event)))
+    imported.record()
+    imported.record()
+    assert event._record.read() == (2, 2) and event.query()
+    imported.close()
+
+
+def test_records_from_many_threads_are_all_counted(event):
+    threads = [threading.Thread(target=lambda: [event.record() for _ in range(250)]) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert event._record.read() == (1000, 1000)
+
+
+def _close_inherited(event: CpuIpcEvent) -> None:
+    event.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_closing_an_inherited_event_leaves_the_exporters_file(backend, event):
+    path = _event_path(backend.export_event(event))
+    process = multiprocessing.get_context("fork").Process(target=_close_inherited, args=(event,))
+    process.start()
+    process.join(30)
+    assert process.exitcode == 0
+    assert os.path.exists(path)
+    event.record()
+    assert event.query()
+
+
+def test_event_timeout_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("HISPARSE_HAL_EVENT_TIMEOUT_S", "2.5")
+    backend = CpuBackend()
+    assert backend.event_timeout_s == 2.5
+    created = backend.create_ipc_event()
+    assert created.timeout_s == 2.5
+    created.close()
+    monkeypatch.setenv("HISPARSE_HAL_EVENT_TIMEOUT_S", "soon")
+    with pytest.raises(InvalidArgumentError, match="HISPARSE_HAL_EVENT_TIMEOUT_S must be a positive, finite number of seconds, got 'soon'"):
+        CpuBackend()
+    monkeypatch.setenv("HISPARSE_HAL_EVENT_TIMEOUT_S", "inf")
+    with pytest.raises(InvalidArgumentError, match="finite number of seconds, got 'inf'"):
+        CpuBackend()
+    with pytest.raises(InvalidArgumentError, match="event_timeout_s must be a positive, finite number, got 0"):
+        CpuBackend(event_timeout_s=0)
+
+
+# ----------------------------------------------------------------------------- across processes
+def _consumer(handle: bytes, pool_path: str, conn) -> None:
+    """Spawned: import the event, then per cycle wait and check the shared pool's bytes."""
+    backend = CpuBackend(event_timeout_s=20)
+    event = backend.import_event(torch.device("cpu"), handle)
+    pool = torch.from_file(pool_path, shared=True, size=POOL_BYTES, dtype=torch.uint8)
+    conn.send("ready")
+    bad = []
+    while True:
+        cycle = _recv(conn)
+        if cycle is None:
+            break
+        event.wait()
+        if not torch.equal(pool, _pattern(cycle)):
+            bad.append(cycle)
+        conn.send(cycle)
+    event.record()  # an importer may record too; the exporter sees it
+    conn.send(("done", bad, event.query()))
+    event.close()
+
+
+@pytest.mark.timeout(180)
+def test_producer_and_consumer_exchange_1000_record_wait_cycles_across_processes(backend, tmp_path):
+    pool_path = f"/dev/shm/hisparse-hal-test-pool-{os.getpid()}" if os.path.isdir("/dev/shm") else str(tmp_path / "pool")
+    with open(pool_path, "wb") as f:
+        f.write(bytes(POOL_BYTES))
+    event = backend.create_ipc_event()
+    parent, child = SPAWN.Pipe()
+    process = SPAWN.Process(target=_consumer, args=(backend.export_event(event), pool_path, child))
+    try:
+        pool = torch.from_file(pool_path, shared=True, size=POOL_BYTES, dtype=torch.uint8)
+        backend.pin_tensor(pool)
+        staging = torch.empty(POOL_BYTES, dtype=torch.uint8)
+        backend.register_region(staging.data_ptr(), POOL_BYTES, "staging")
+        descriptors = (torch.tensor([staging.data_ptr()]), torch.tensor([pool.data_ptr()]), torch.tensor([POOL_BYTES]))
+        process.start()
+        assert _recv(parent, 60) == "ready"
+        for cycle in range(CYCLES):
+            staging.copy_(_pattern(cycle))
+            backend.swap_blocks_batch(*descriptors)  # the producer writes the shared pool...
+            event.record()  # ...then records; the consumer waits, then reads
+            parent.send(cycle)
+            assert _recv(parent) == cycle  # handshake: the consumer is done reading
+        parent.send(None)
+        status, bad, consumer_saw_complete = _recv(parent)
+        assert (status, bad, consumer_saw_complete) == ("done", [], True)
+        assert event._record.read() == (CYCLES + 1, CYCLES + 1)
+        process.join(30)
+        assert process.exitcode == 0
+        backend.unpin_tensor(pool)
+    finally:
+        if process.is_alive():
+            process.kill()
+        event.close()
+        os.unlink(pool_path)
+
+
+def _dying_exporter(conn) -> None:
+    """Spawned: export one event with a record in flight and one idle, then exit without cleanup."""
+    backend = CpuBackend()
+    pending, idle = backend.create_ipc_event(), backend.create_ipc_event()
+    pending._issue_pending()
+    conn.send((backend.export_event(pending), backend.export_event(idle)))
+    _recv(conn, 60)
+    os._exit(0)  # no finalizers: the files stay behind, the liveness lock goes with the process
+
+
+@pytest.mark.timeout(120)
+def test_waiting_on_an_exporter_that_died_ends_in_a_clear_error_in_bounded_time(backend):
+    parent, child = SPAWN.Pipe()
+    process = SPAWN.Process(target=_dying_exporter, args=(child,))
+    process.start()
+    try:
+        pending_handle, idle_handle = _recv(parent, 60)
+        pending = backend.import_event("cpu", pending_handle)
+        pending.timeout_s = 60
+        assert not pending.query()
+        parent.send("die")
+        process.join(30)
+        assert process.exitcode == 0
+        start = time.monotonic()
+        with pytest.raises(EventTimeoutError, match=r"exporting process \(pid \d+\) exited or closed the event with record #1 pending .* never complete"):
+            pending.wait()
+        assert time.monotonic() - start < 5
+        assert not os.path.exists(_event_path(pending_handle))  # the importer removed the stale file
+        assert os.path.exists(_event_path(idle_handle))
+        with pytest.raises(InvalidArgumentError, match=r"the exporter of event .* \(pid \d+\) exited or closed it"):
+            backend.import_event("cpu", idle_handle)
+        assert not os.path.exists(_event_path(idle_handle))  # the stale file was removed
+        pending.close()
+    finally:
+        if process.is_alive():
+            process.kill()
+
+
+def _slow_exporter(conn) -> None:
+    """Spawned: export an event with a record in flight and an event it then closes; stay alive."""
+    backend = CpuBackend()
+    pending, closed = backend.create_ipc_event(), backend.create_ipc_event()
+    pending._issue_pending()
+    handles = (backend.export_event(pending), backend.export_event(closed))
+    closed.close()
+    conn.send(handles)
+    _recv(conn, 60)
+
+
+@pytest.mark.timeout(120)
+def test_waiting_on_a_live_exporters_unfinished_record_times_out_and_closed_events_cannot_be_imported(backend):
+    parent, child = SPAWN.Pipe()
+    process = SPAWN.Process(target=_slow_exporter, args=(child,))
+    process.start()
+    try:
+        pending_handle, closed_handle = _recv(parent, 60)
+        with pytest.raises(InvalidArgumentError, match=r"no longer exists: its exporter closed it or exited"):
+            backend.import_event("cpu", closed_handle)
+        pending = backend.import_event("cpu", pending_handle)
+        pending.timeout_s = 0.3
+        with pytest.raises(EventTimeoutError, match=r"timed out after 0.3 s waiting for record #1 \(completed: #0, exporter pid \d+\)"):
+            pending.wait()
+        pending.close()
+        parent.send("exit")
+        process.join(30)
+        assert process.exitcode == 0
+        assert not os.path.exists(_event_path(pending_handle))  # the exporter removed its file at exit
+    finally:
+        if process.is_alive():
+            process.kill()

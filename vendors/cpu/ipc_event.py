@@ -1,0 +1,356 @@
+"""Interprocess events of the CPU reference device: a small record in a shared-memory file.
+
+The record holds two counters, records issued and records completed, read and written only under a
+POSIX byte-range lock on the file. The kernel's lock hand-off orders memory (unlock releases, lock
+acquires), so bytes written before ``record()`` are visible to a process whose ``wait()`` returned. The
+exporter holds a shared ``flock`` on the file while its event lives; an importer that can take that
+lock exclusively knows the exporter exited or closed the event, so no wait can hang on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import math
+import os
+import re
+import struct
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from typing import Iterator
+
+from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError
+
+from .graph import refuse_while_capturing
+
+__all__ = ["CpuIpcEvent", "create_event", "import_event", "event_timeout_from_env", "TIMEOUT_ENV"]
+
+TIMEOUT_ENV = "HISPARSE_HAL_EVENT_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 30.0
+HANDLE_KIND = "hisparse-hal/cpu-ipc-event"
+HANDLE_VERSION = 1
+NAME_PREFIX = "hisparse-hal-event-"
+_NAME = re.compile(NAME_PREFIX + r"[0-9a-f]{32}\Z")
+_MAGIC = b"HSHALCPU"
+_HEADER = struct.Struct("<8s16sQ")  # magic, event token, creator pid
+_COUNTERS = struct.Struct("<QQ")  # records issued, records completed
+_COUNTERS_AT = _HEADER.size
+#: How often a waiting importer checks that the exporter still holds the event.
+LIVENESS_PERIOD_S = 0.05
+
+#: Identifies this process in handles (a pid alone collides across PID namespaces); renewed on fork.
+_process_token = uuid.uuid4().hex
+
+
+def _renew_process_token() -> None:
+    global _process_token
+    _process_token = uuid.uuid4().hex
+
+
+os.register_at_fork(after_in_child=_renew_process_token)
+
+
+def event_timeout_from_env() -> float:
+    """The wait bound in seconds: ``HISPARSE_HAL_EVENT_TIMEOUT_S`` if set, else 30.
+
+    Raises:
+        InvalidArgumentError: the variable is not a positive number.
+    """
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and math.isfinite(value)):
+        raise InvalidArgumentError(f"{TIMEOUT_ENV} must be a positive, finite number of seconds, got {raw!r}")
+    return value
+
+
+def _event_dir() -> str:
+    """``/dev/shm`` (memory-backed, shared by local processes) where it exists, else the temp dir."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+class _Record:
+    """The open file of one event and its locked counter operations."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        # POSIX record locks exclude other processes only; threads of this process take this one too.
+        self._threads = threading.Lock()
+
+    @contextlib.contextmanager
+    def _locked(self, kind: int) -> Iterator[None]:
+        with self._threads:
+            fcntl.lockf(self.fd, kind, _COUNTERS.size, _COUNTERS_AT)
+            try:
+                yield
+            finally:
+                fcntl.lockf(self.fd, fcntl.LOCK_UN, _COUNTERS.size, _COUNTERS_AT)
+
+    def read(self) -> tuple[int, int]:
+        with self._locked(fcntl.LOCK_SH):
+            return _COUNTERS.unpack(os.pread(self.fd, _COUNTERS.size, _COUNTERS_AT))
+
+    def issue(self) -> int:
+        with self._locked(fcntl.LOCK_EX):
+            issued, completed = _COUNTERS.unpack(os.pread(self.fd, _COUNTERS.size, _COUNTERS_AT))
+            os.pwrite(self.fd, _COUNTERS.pack(issued + 1, completed), _COUNTERS_AT)
+            return issued + 1
+
+    def complete(self, sequence: int) -> None:
+        with self._locked(fcntl.LOCK_EX):
+            issued, completed = _COUNTERS.unpack(os.pread(self.fd, _COUNTERS.size, _COUNTERS_AT))
+            os.pwrite(self.fd, _COUNTERS.pack(issued, max(completed, sequence)), _COUNTERS_AT)
+
+    def holder_alive(self) -> bool:
+        """Whether some process (the exporter) still holds the event's liveness lock.
+
+        On Linux ``flock`` locks and POSIX record locks do not interact (flock(2)), so the counters'
+        ``lockf`` never disturbs this one.
+        """
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        return False
+
+
+def _release(fd: int, path: str | None, owner_pid: int) -> None:
+    """Finalizer: the exporter unlinks the file (importers keep their open descriptors); all close.
+    A forked child that inherited the exporter's event only closes its copy of the descriptor."""
+    if path is not None and os.getpid() == owner_pid:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    os.close(fd)
+
+
+class CpuIpcEvent:
+    """An event shaped like ``torch.Event`` whose state lives in a shared-memory file.
+
+    ``record()`` completes at once (host work is synchronous on the CPU device) after bumping the
+    issued counter; ``wait()`` and ``synchronize()`` block until the latest record issued before the
+    call has completed, for at most ``timeout_s`` seconds. Records and waits are unlimited.
+
+    Attributes:
+        name: the shared file's name (``hisparse-hal-event-<uuid4>``).
+        creator_pid: pid of the exporting process (for messages).
+        owner: True in the process that created (and exports) the event.
+        timeout_s: bound of every wait, in seconds.
+        handle: the picklable bytes that :func:`import_event` opens.
+    """
+
+    def __init__(self, fd: int, directory: str, name: str, token: str, creator_pid: int,
+                 creator_process: str, owner: bool, timeout_s: float) -> None:
+        self._record = _Record(fd)
+        self.name = name
+        self.creator_pid = creator_pid
+        self.owner = owner
+        self.timeout_s = timeout_s
+        self.handle = json.dumps({
+            "kind": HANDLE_KIND, "version": HANDLE_VERSION, "dir": directory, "name": name,
+            "token": token, "pid": creator_pid, "process": creator_process,
+        }).encode()
+        self._path = os.path.join(directory, name)
+        self._finalizer = weakref.finalize(self, _release, fd, self._path if owner else None, os.getpid())
+
+    def __repr__(self) -> str:
+        role = "exporter" if self.owner else f"imported from pid {self.creator_pid}"
+        return f"CpuIpcEvent({self.name}, {role}{', closed' if self.closed else ''})"
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (or the event was collected)."""
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Release the event: the exporter removes the shared file (open importers keep working until
+        their next wait on a pending record, which then fails fast). Idempotent."""
+        self._finalizer()
+
+    def record(self, stream: object | None = None) -> None:
+        """Record: every host operation issued before it has completed, so it completes at once.
+
+        Raises:
+            CaptureMisuseError: while capturing. InvalidArgumentError: a stream, or a closed event.
+        """
+        self._usable("record", stream)
+        self._record.complete(self._record.issue())
+
+    def query(self) -> bool:
+        """True when every record issued so far has completed."""
+        self._usable("query", None)
+        issued, completed = self._record.read()
+        return completed >= issued
+
+    def wait(self, stream: object | None = None) -> None:
+        """Block until the latest record issued before this call has completed (the CPU device's only
+        stream is the host). Returns at once when nothing is pending.
+
+        Raises:
+            EventTimeoutError: not complete within ``timeout_s``, or the exporter is gone with the record
+                pending (detected within ``LIVENESS_PERIOD_S``).
+            CaptureMisuseError: while capturing. InvalidArgumentError: a stream, or a closed event.
+        """
+        self._usable("wait", stream)
+        self._wait_for(self._record.read()[0], "wait", self.timeout_s)
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Like :meth:`wait`, bounded by ``timeout`` seconds when given (else ``timeout_s``)."""
+        self._usable("synchronize", None)
+        self._wait_for(self._record.read()[0], "synchronize", self.timeout_s if timeout is None else timeout)
+
+    def _issue_pending(self) -> int:
+        """Issue a record without completing it: an in-flight record, as a GPU stream has while its
+        work runs. The CPU device never leaves one itself; tests use this to exercise bounded waits."""
+        return self._record.issue()
+
+    def _usable(self, member: str, stream: object | None) -> None:
+        if self.closed:
+            raise InvalidArgumentError(f"{member} on closed CPU IPC event {self.name}")
+        if stream is not None:
+            raise InvalidArgumentError(
+                f"{member}: the CPU device has one implicit stream; pass stream=None, got {stream!r}"
+            )
+        if member != "query":
+            refuse_while_capturing(f"CpuIpcEvent.{member}")
+
+    def _wait_for(self, target: int, member: str, bound: float) -> None:
+        start = time.monotonic()
+        next_liveness = start + LIVENESS_PERIOD_S
+        pause = 1e-5
+        while True:
+            completed = self._record.read()[1]
+            if completed >= target:
+                return
+            now = time.monotonic()
+            if not self.owner and now >= next_liveness:
+                next_liveness = now + LIVENESS_PERIOD_S
+                if not self._record.holder_alive():
+                    _unlink_stale(self._path)  # a dead exporter cannot remove it any more
+                    raise EventTimeoutError(
+                        f"{member} on CPU IPC event {self.name}: the exporting process (pid "
+                        f"{self.creator_pid}) exited or closed the event with record #{target} pending "
+                        f"(completed: #{completed}); it will never complete"
+                    )
+            if now - start >= bound:
+                raise EventTimeoutError(
+                    f"{member} on CPU IPC event {self.name} timed out after {bound:g} s waiting for record "
+                    f"#{target} (completed: #{completed}, exporter pid {self.creator_pid}); raise "
+                    f"{TIMEOUT_ENV} or event.timeout_s if the recorded work is legitimately slow"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 2e-3)
+
+
+def create_event(timeout_s: float) -> CpuIpcEvent:
+    """Create an exportable event owned by this process (its shared file lives until it is closed).
+
+    Raises:
+        InvalidArgumentError: ``timeout_s`` is not positive.
+    """
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
+        raise InvalidArgumentError(f"event timeout must be a positive, finite number of seconds, got {timeout_s!r}")
+    directory = _event_dir()
+    name = NAME_PREFIX + uuid.uuid4().hex
+    token = uuid.uuid4().hex
+    fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.pwrite(fd, _HEADER.pack(_MAGIC, bytes.fromhex(token), os.getpid()) + _COUNTERS.pack(0, 0), 0)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # held while the event lives: the importers' liveness signal
+    except BaseException:
+        os.close(fd)
+        os.unlink(os.path.join(directory, name))
+        raise
+    return CpuIpcEvent(fd, directory, name, token, os.getpid(), _process_token, True, float(timeout_s))
+
+
+def _parse_handle(handle: object) -> dict:
+    if not isinstance(handle, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(f"import_event: handle must be bytes from export_event, got {type(handle).__name__}")
+    raw = bytes(handle)
+    if raw.startswith(b"HSHALEV1"):
+        raise InvalidArgumentError(
+            "import_event: this handle comes from a GPU backend's export_event, not the CPU device's"
+        )
+    try:
+        fields = json.loads(raw.decode())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"import_event: {len(raw)}-byte handle is not a CPU IPC event handle (could not decode it: {exc})"
+        ) from None
+    if not isinstance(fields, dict) or fields.get("kind") != HANDLE_KIND:
+        kind = fields.get("kind") if isinstance(fields, dict) else type(fields).__name__
+        raise InvalidArgumentError(f"import_event: handle kind {kind!r} is not {HANDLE_KIND!r}")
+    if fields.get("version") != HANDLE_VERSION:
+        raise InvalidArgumentError(
+            f"import_event: handle version {fields.get('version')!r} is not {HANDLE_VERSION}; export and "
+            "import with the same hisparse-hal release"
+        )
+    expected = {"dir": str, "name": str, "token": str, "pid": int, "process": str}
+    for key, kind in expected.items():
+        if not isinstance(fields.get(key), kind):
+            raise InvalidArgumentError(f"import_event: handle field {key!r} is missing or not a {kind.__name__}")
+    if not _NAME.match(fields["name"]) or not os.path.isabs(fields["dir"]) or not re.fullmatch(r"[0-9a-f]{32}", fields["token"]):
+        raise InvalidArgumentError(
+            f"import_event: handle names {fields['dir']!r}/{fields['name']!r}, which is not a CPU IPC event"
+        )
+    return fields
+
+
+def import_event(handle: object, timeout_s: float) -> CpuIpcEvent:
+    """Open an event exported by another process.
+
+    Raises:
+        InvalidArgumentError: not a CPU event handle (naming what is wrong); a handle exported by this
+            same process (CUDA and HIP refuse same-process opens, ROCm hip #2882: use the original
+            event); an event that no longer exists or whose exporter exited.
+    """
+    fields = _parse_handle(handle)
+    if fields["process"] == _process_token:
+        raise InvalidArgumentError(
+            "import_event: this handle was exported by this same process; as on CUDA and HIP, an IPC "
+            "event can only be imported in another process. Use the original event here"
+        )
+    path = os.path.join(fields["dir"], fields["name"])
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        raise InvalidArgumentError(
+            f"import_event: event {fields['name']} (exported by pid {fields['pid']}) no longer exists: its "
+            "exporter closed it or exited. An exported event must outlive every importer's use"
+        ) from None
+    try:
+        header = os.pread(fd, _HEADER.size, 0)
+        if len(header) < _HEADER.size or _HEADER.unpack(header)[:2] != (_MAGIC, bytes.fromhex(fields["token"])):
+            raise InvalidArgumentError(f"import_event: {path} is not the event this handle names (token mismatch)")
+        if not _Record(fd).holder_alive():
+            _unlink_stale(path)
+            raise InvalidArgumentError(
+                f"import_event: the exporter of event {fields['name']} (pid {fields['pid']}) exited or "
+                "closed it; an exported event must outlive every importer's use"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return CpuIpcEvent(fd, fields["dir"], fields["name"], fields["token"], fields["pid"], fields["process"],
+                       False, float(timeout_s))
+
+
+def _unlink_stale(path: str) -> None:
+    """Remove the file of an event whose exporter died without closing it."""
+    try:
+        os.unlink(path)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            raise

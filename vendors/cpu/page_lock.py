@@ -1,0 +1,168 @@
+"""Page-locking host ranges with libc ``mlock``/``munlock`` for the CPU reference device.
+
+Invariant: a page stays locked while any live locked range touches it. Ranges pinned by different
+tensors never overlap, but two may share a boundary page; unlocking one leaves shared pages locked.
+When the OS refuses (RLIMIT_MEMLOCK, no CAP_IPC_LOCK) the range is reported as not locked, never raised.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import logging
+import mmap
+import threading
+from typing import Callable
+
+from hisparse_hal.errors import DeviceRuntimeError
+
+__all__ = ["PageLocker", "probe_page_lock", "REFUSAL_ERRNOS"]
+
+log = logging.getLogger(__name__)
+
+PAGE_BYTES = mmap.PAGESIZE
+#: mlock(2) errors that mean "not allowed or over the limit here": pinning goes on without locking.
+#: EAGAIN: some of the range could not be locked; ENOMEM: over RLIMIT_MEMLOCK; EPERM: not permitted.
+REFUSAL_ERRNOS = frozenset({errno.EPERM, errno.ENOMEM, errno.EAGAIN})
+
+_libc_lock = threading.Lock()
+_libc: ctypes.CDLL | None = None
+
+
+def _load_libc() -> ctypes.CDLL:
+    global _libc
+    with _libc_lock:
+        if _libc is None:
+            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            for name in ("mlock", "munlock"):
+                fn = getattr(lib, name)
+                fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+                fn.restype = ctypes.c_int
+            _libc = lib
+        return _libc
+
+
+def _libc_call(name: str) -> Callable[[int, int], int]:
+    """``call(address, size) -> 0 or errno`` for libc ``mlock`` or ``munlock``."""
+
+    def call(address: int, size: int) -> int:
+        fn = getattr(_load_libc(), name)
+        ctypes.set_errno(0)
+        return 0 if fn(address, size) == 0 else ctypes.get_errno()
+
+    return call
+
+
+def _page_span(address: int, size: int) -> tuple[int, int]:
+    """The page-aligned ``[lo, hi)`` covering ``[address, address + size)``."""
+    lo = address - address % PAGE_BYTES
+    end = address + size
+    hi = end + (-end) % PAGE_BYTES
+    return lo, hi
+
+
+def probe_page_lock() -> tuple[bool, str]:
+    """Try to lock and unlock one page of a fresh buffer.
+
+    Returns:
+        ``(works, detail)``: whether ``mlock`` works in this process, and why not when it does not.
+    """
+    buffer = mmap.mmap(-1, PAGE_BYTES)
+    try:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+        code = _libc_call("mlock")(address, PAGE_BYTES)
+        if code:
+            return False, f"mlock refused with {errno.errorcode.get(code, code)}: {_refusal_hint(code)}"
+        _libc_call("munlock")(address, PAGE_BYTES)
+        return True, "mlock works"
+    except OSError as exc:  # libc could not be loaded
+        return False, f"libc mlock unavailable: {exc}"
+    finally:
+        buffer.close()
+
+
+def _refusal_hint(code: int) -> str:
+    if code == errno.EPERM:
+        return "this process may not lock memory (no CAP_IPC_LOCK and RLIMIT_MEMLOCK is 0)"
+    return "the range is over this process's RLIMIT_MEMLOCK (raise it with `ulimit -l`)"
+
+
+class PageLocker:
+    """Locks and unlocks host byte ranges, keeping shared boundary pages locked.
+
+    ``mlock``/``munlock`` are attributes (``call(address, size) -> 0 or errno``) so tests can make the
+    OS refuse.
+    """
+
+    def __init__(self) -> None:
+        self.mlock: Callable[[int, int], int] = _libc_call("mlock")
+        self.munlock: Callable[[int, int], int] = _libc_call("munlock")
+        self._lock = threading.Lock()
+        self._locked: dict[tuple[int, int], tuple[int, int]] = {}  # (address, size) -> page span
+        self._refusal_logged = False
+
+    def is_locked(self, address: int, size: int) -> bool:
+        """Whether ``[address, address + size)`` was locked by :meth:`lock` and not yet unlocked."""
+        with self._lock:
+            return (address, size) in self._locked
+
+    def locked_ranges(self) -> tuple[tuple[int, int], ...]:
+        """Every ``(address, size)`` currently locked."""
+        with self._lock:
+            return tuple(self._locked)
+
+    def lock(self, address: int, size: int) -> bool:
+        """Page-lock ``[address, address + size)``.
+
+        Returns:
+            True when locked; False when the OS refused (EPERM, ENOMEM, EAGAIN), logged once at INFO.
+
+        Raises:
+            DeviceRuntimeError: any other ``mlock`` failure (EINVAL: a bad range).
+        """
+        lo, hi = _page_span(address, size)
+        with self._lock:
+            code = self.mlock(lo, hi - lo)
+            if code == 0:
+                self._locked[(address, size)] = (lo, hi)
+                return True
+            # A failed mlock may have locked part of the range; undo that, sparing shared pages.
+            undo_lo, undo_hi = self._exclusive_span(lo, hi)
+            if undo_hi > undo_lo:
+                self.munlock(undo_lo, undo_hi - undo_lo)
+        if code not in REFUSAL_ERRNOS:
+            raise DeviceRuntimeError(
+                "mlock", code, errno.errorcode.get(code, str(code)),
+                f"locking {size} bytes at {address:#x} failed",
+            )
+        if not self._refusal_logged:
+            self._refusal_logged = True
+            log.info(
+                "cpu device: pinned host memory is registered but not page-locked: mlock of %d bytes "
+                "refused with %s; %s", size, errno.errorcode.get(code, code), _refusal_hint(code),
+            )
+        return False
+
+    def unlock(self, address: int, size: int) -> None:
+        """Unlock a range locked by :meth:`lock` (a range that was not locked is ignored).
+
+        Pages shared with another locked range stay locked. A failing ``munlock`` is logged: the range
+        is forgotten either way, and the lock dies with the process.
+        """
+        with self._lock:
+            span = self._locked.pop((address, size), None)
+            if span is None:
+                return
+            lo, hi = self._exclusive_span(*span)
+            code = self.munlock(lo, hi - lo) if hi > lo else 0
+        if code:
+            log.warning("cpu device: munlock of %d bytes at %#x failed with %s", size, address,
+                        errno.errorcode.get(code, code))
+
+    def _exclusive_span(self, lo: int, hi: int) -> tuple[int, int]:
+        """Trim ``[lo, hi)`` so it excludes boundary pages another locked range still touches."""
+        spans = self._locked.values()
+        first_shared = any(other_lo <= lo < other_hi for other_lo, other_hi in spans)
+        last_shared = any(other_lo < hi <= other_hi for other_lo, other_hi in spans)
+        return lo + PAGE_BYTES * first_shared, hi - PAGE_BYTES * last_shared
