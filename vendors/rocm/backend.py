@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
 
-from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS
-from hisparse_hal.vendors.torch_gpu import CopyRuntime, GpuCapturedGraph, GpuIpcEvent, TorchGpuBackend
+from hisparse_hal.vendors.torch_gpu import GpuCapturedGraph, GpuIpcEvent, TorchGpuBackend
 
-from .capabilities import arch_facts, parse_arch, plan_capabilities
+from .capabilities import GfxArch, arch_facts, parse_arch, plan_capabilities
 from .hip_runtime import HipRuntime
 from .ipc_cycles import CycleLimitedIpcEvent
 
@@ -36,28 +35,18 @@ _FP8_MAX = {"fp8_e4m3fn": 448, "fp8_e4m3fnuz": 224}
 class RocmBackend(TorchGpuBackend):
     """The HiSparse backend for AMD GPUs on a ROCm build of torch. Not yet run on AMD hardware.
 
-    Args:
-        capabilities: from :func:`~hisparse_hal.vendors.rocm.plan_capabilities` for this GPU.
-        runtime: the HIP runtime binding (:class:`HipRuntime`).
-        device_index: the HIP ordinal (after the visibility variables).
-        device: where KV caches live; defaults to ``cuda:<device_index>`` (torch's HIP build says
-            "cuda"). Tests inject the CPU device with a simulated runtime.
-        event_timeout_s: default bound of an IPC event's ``synchronize``.
+    Constructed like :class:`TorchGpuBackend`: ``capabilities`` from
+    :func:`~hisparse_hal.vendors.rocm.plan_capabilities` for this GPU, ``runtime`` a :class:`HipRuntime`,
+    ``device_index`` the HIP ordinal (after the visibility variables); tests inject the CPU device with a
+    simulated runtime.
     """
 
     name = "rocm"
 
-    def __init__(
-        self,
-        capabilities: Capabilities,
-        runtime: CopyRuntime,
-        device_index: int,
-        *,
-        device: torch.device | None = None,
-        event_timeout_s: float = 120.0,
-    ) -> None:
-        super().__init__(capabilities, runtime, device_index, device=device, event_timeout_s=event_timeout_s)
-        self.arch = parse_arch(capabilities.versions.get("arch", ""))
+    @property
+    def arch(self) -> GfxArch:
+        """This GPU's architecture as planned (``capabilities.versions["arch"]``, e.g. gfx942 + features)."""
+        return parse_arch(self.capabilities.versions.get("arch", ""))
 
     @classmethod
     def from_probe(cls, probe: "ProbeResult") -> "RocmBackend":
