@@ -7,8 +7,8 @@
 #   OUTDIR   where results go; default $OUT when set (the device tool's output folder), else
 #            ./gpu-check-<backend>-<UTC timestamp>.
 #
-# Precondition: the package is importable in the current python (pip install -e '.[test,cuda]' done
-# beforehand, with a GPU build of torch). Every step is bounded with `timeout`; a failing step is
+# Precondition: the package is importable in the current python (pip install -e '.[test,cuda]', or
+# '.[test,rocm]' on AMD, done beforehand, with a GPU build of torch). Every step is bounded with `timeout`; a failing step is
 # recorded in summary.txt and the next step still runs. Exit status: 0 when every step passed.
 # Step limits (seconds) can be lowered to fit a device budget: GPU_CHECK_CONFORMANCE_S, GPU_CHECK_BENCH_S.
 set -u

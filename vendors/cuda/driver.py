@@ -19,6 +19,7 @@ import torch
 
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError
 from hisparse_hal.regions import SwapBatch
+from hisparse_hal.vendors.torch_gpu import nonempty_descriptors
 
 __all__ = [
     "CudaDriver",
@@ -303,7 +304,7 @@ class CudaDriver:
                 "cuMemcpyBatchAsync", 500, "CUDA_ERROR_NOT_FOUND",
                 f"driver {self.driver_version()} has no batch copy; use copy_each",
             )
-        dst, src, sizes, positions = _nonempty(batch)
+        dst, src, sizes, positions = nonempty_descriptors(batch)
         count = int(sizes.numel())
         if count == 0:
             return
@@ -332,7 +333,7 @@ class CudaDriver:
         Raises:
             DeviceRuntimeError: a copy failed; earlier copies were enqueued (index names the failure).
         """
-        dst, src, sizes, positions = _nonempty(batch)
+        dst, src, sizes, positions = nonempty_descriptors(batch)
         if sizes.numel() == 0:
             return
         with self.current_context() as fns:
@@ -376,12 +377,3 @@ def _error_name(fns: dict[str, Any] | None, code: int) -> str:
     if fns is not None and fns["cuGetErrorName"](code, ctypes.byref(name)) == CUDA_SUCCESS and name.value:
         return name.value.decode("ascii", "replace")
     return f"CUresult {code}"
-
-
-def _nonempty(batch: SwapBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The batch without zero-byte descriptors, and their positions in ``batch`` (None if all kept)."""
-    keep = batch.sizes != 0
-    if bool(keep.all()):
-        return batch.dst, batch.src, batch.sizes, None
-    positions = keep.nonzero().squeeze(1)
-    return batch.dst[positions], batch.src[positions], batch.sizes[positions], positions
