@@ -15,7 +15,6 @@ import logging
 import threading
 from typing import Any, Callable, Iterator, Sequence
 
-import torch
 
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError
 from hisparse_hal.regions import SwapBatch
