@@ -302,7 +302,7 @@ def _document(state: ConformanceState) -> dict[str, Any]:
     facts.update(state.backend_facts)
     facts["architectures"] = sorted(set(facts.get("architectures", [])) | set(backend_architectures({}, facts.get("probe", {}))))
     facts["duration_s"] = round(time.time() - state.started, 2)
-    backend = state.recipe.registry_name or state.backend_facts.get("backend_name") or state.recipe.describe()
+    backend = state.recipe.registry_name or str(state.recipe.factory)
     return build_results(
         SUITE_VERSION,
         backend,
