@@ -26,7 +26,7 @@ def load_report(spec: str) -> tuple[str | None, dict[str, Any], str]:
         SystemExit: the file is missing or not a conformance results document.
     """
     label, sep, path_text = spec.partition("=")
-    if not sep:
+    if not sep or Path(spec).exists():
         label, path_text = None, spec
     path = Path(path_text)
     if path.is_dir():

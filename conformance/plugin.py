@@ -146,6 +146,8 @@ def pytest_configure(config: pytest.Config) -> None:
         state = ConformanceState(config)
     except HalError as exc:
         raise pytest.UsageError(f"hisparse-hal conformance: {exc}") from exc
+    except Exception as exc:  # a factory that raised while building the backend
+        raise pytest.UsageError(f"hisparse-hal conformance: building the backend failed: {type(exc).__name__}: {exc}") from exc
     config.stash[STATE_KEY] = state
     config.pluginmanager.register(RunHooks(state), "hisparse-hal-conformance-run")
 
@@ -189,7 +191,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Probe tier first; expectations applied as strict xfail or skip marks; stale entries warned."""
     state = state_of(config)
-    items.sort(key=lambda item: 0 if area_of(item.nodeid) == "probe" else 1)
+    order = {area: n for n, area in enumerate(AREAS)}
+    items.sort(key=lambda item: order.get(area_of(item.nodeid), len(order)))  # stable: tier order, probe first
     expectations = state.expectations
     if not expectations.entries:
         return
@@ -254,6 +257,13 @@ class RunHooks:
     def __init__(self, state: ConformanceState) -> None:
         self.state = state
 
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        state = self.state
+        if not _is_worker(state.config) and state.report_dir:
+            # Kept current so that a crash (a segfault in a vendor library) still leaves a report naming
+            # the test that was running; the runner completes it (see runner.complete_crashed_report).
+            write_report(state.report_dir, _document(state, running=suite_test_id(nodeid)))
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         state = self.state
         is_probe = area_of(report.nodeid) == "probe"
@@ -297,7 +307,7 @@ class RunHooks:
 
 
 # ------------------------------------------------------------------------------------------ finish
-def _document(state: ConformanceState) -> dict[str, Any]:
+def _document(state: ConformanceState, running: str | None = None) -> dict[str, Any]:
     facts = environment_facts(state.recipe)
     facts.update(state.backend_facts)
     facts["architectures"] = sorted(set(facts.get("architectures", [])) | set(backend_architectures({}, facts.get("probe", {}))))
@@ -308,7 +318,8 @@ def _document(state: ConformanceState) -> dict[str, Any]:
         backend,
         facts,
         state.collector.results(),
-        {"expectations": {"file": state.expectations_path, "strict": state.strict, "unmatched": state.unmatched}},
+        {"expectations": {"file": state.expectations_path, "strict": state.strict, "unmatched": state.unmatched},
+         **({"incomplete": {"running": running}} if running else {})},
     )
 
 

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 from hisparse_hal.errors import BackendUnavailableError, InvalidArgumentError
 
 from .recipe import BackendRecipe, load_factory, vendor_expectations_path
+from .report import OUTCOMES, area_of, write_report
 
-__all__ = ["add_arguments", "run", "pytest_arguments"]
+__all__ = ["add_arguments", "run", "pytest_arguments", "complete_crashed_report"]
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +105,39 @@ def run(args: argparse.Namespace) -> int:
     except InvalidArgumentError as exc:
         print(f"hisparse-hal conformance: {exc}", file=sys.stderr)
         return 2
-    import pytest
-
     print(f"hisparse-hal conformance: testing {recipe.describe()}", file=sys.stderr)
     print("  python -m pytest " + shlex.join(argv), file=sys.stderr)
-    return int(pytest.main(argv))
+    # A separate interpreter: a backend that crashes the process (a fault in a vendor library) still
+    # leaves this one alive to say so and complete the report.
+    code = subprocess.run([sys.executable, "-m", "pytest", *argv]).returncode
+    if code < 0 or code == 3:
+        crashed = complete_crashed_report(args.report, code) if args.report else None
+        where = f" while running {crashed}" if crashed else ""
+        print(f"hisparse-hal conformance: the test process died (exit status {code}){where}", file=sys.stderr)
+        return 1 if code < 0 else code
+    return code
+
+
+def complete_crashed_report(directory: str | Path, code: int) -> str | None:
+    """Turn the partial report of a run whose process died into a final one.
+
+    The test that was running is recorded as failed (with the exit status); the summary is recounted.
+
+    Returns:
+        The id of the test that was running, or None when there is no partial report.
+    """
+    path = Path(directory) / "results.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    running = doc.pop("incomplete", {}).get("running")
+    if running is None:
+        return None
+    reason = f"the test process died (exit status {code}) while running this test"
+    tests = [t for t in doc["tests"] if t["id"] != running]
+    tests.append({"id": running, "area": area_of(running), "outcome": "failed", "duration": 0.0, "reason": reason})
+    doc["tests"] = tests
+    doc["summary"] = {o: sum(1 for t in tests if t["outcome"] == o) for o in OUTCOMES}
+    write_report(directory, doc)
+    return running

@@ -20,7 +20,7 @@ from hisparse_hal.vendors.cpu.byte_copy import move_swap_batch
 from hisparse_hal.vendors.cpu.graph import current_graph
 
 __all__ = ["BROKEN", "SwapOneByteShort", "SwapDropsLastDescriptorOfChunk", "GatherConvertsValues", "GatherMinusOneReadsLastRow",
-           "PinWithoutRollback", "CaptureRunsImmediately", "CapturingAlwaysFalse", "IpcWaitReturnsAtOnce", "UnstableCapabilities"]
+           "PinWithoutRollback", "CaptureRunsImmediately", "CapturingAlwaysFalse", "IpcWaitReturnsAtOnce", "UnstableCapabilities", "SwapCrashesTheProcess"]
 
 
 class SwapOneByteShort(CpuBackend):
@@ -122,6 +122,17 @@ class UnstableCapabilities(CpuBackend):
         type(self)._reads += 1
         base = super().capabilities
         return dataclasses.replace(base, notes=base.notes + (f"read {type(self)._reads}",))
+
+
+class SwapCrashesTheProcess(CpuBackend):
+    """Swaps: the copy dereferences address 0, killing the process (as a fault in a vendor library would)."""
+
+    def _enqueue_swap(self, batch: SwapBatch) -> None:
+        import ctypes
+        import faulthandler
+
+        faulthandler.disable()  # keep the test log short; the runner reports the crash
+        ctypes.string_at(0)
 
 
 #: Each broken backend, the area the suite must fail it in, and a -k expression that reaches its bug.

@@ -43,9 +43,10 @@ def _source_row_bytes(source: torch.Tensor, row_id: int) -> torch.Tensor:
 
 
 def _gather_and_check(backend, source: torch.Tensor, destination: torch.Tensor, ids: torch.Tensor) -> None:
-    """Gather, then compare each row with the reference (ids >= 0) or with row 0 (ids == -1)."""
+    """Gather (through ``backend`` or its cache ops), then compare each row with the reference
+    (ids >= 0) or with row 0 (ids == -1)."""
     backend.gather_resident_rows(source, destination, ids)
-    synchronize(backend.device)
+    synchronize(source.device)
     got = _row_bytes(destination.view(ids.numel(), -1))
     ids_cpu = ids.to("cpu", torch.int64)
     want_t = torch.empty(destination.shape, dtype=destination.dtype)
@@ -113,6 +114,15 @@ def test_gather_of_hisparse_shaped_656_byte_rows(backend):
     raw = torch.randint(-1, 256 * 64, (16384,), generator=generator)
     destination = torch.zeros((16384, DS_MLA_ROW), dtype=torch.uint8, device=backend.device)
     _gather_and_check(backend, source, destination, _ids(raw, torch.int32, backend.device))
+
+
+def test_gather_through_cache_ops_matches_the_reference(backend):
+    source = _random((32, 8, 656), torch.uint8, 23, backend.device)
+    ids = _ids([255, -1, 0, 100, 100], torch.int32, backend.device)
+    destination = torch.zeros((5, 656), dtype=torch.uint8, device=backend.device)
+    ops = backend.create_cache_ops(runtime=None)
+    _gather_and_check(ops, source, destination, ids)
+    assert ops.backend is backend
 
 
 # ------------------------------------------------------------------------------------------ layouts

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from hisparse_hal.errors import InvalidDescriptorError
 
-from hisparse_hal.conformance.arenas import GuardedBytes, device_caches, pinned_host_pool, random_bytes
+from hisparse_hal.conformance.arenas import GuardedBytes, allocate_guarded, device_caches, pinned_host_pool, random_bytes
 from hisparse_hal.conformance.swap_plan import SwapPlan
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -190,6 +190,42 @@ def test_swap_into_a_pinned_pool_seen_as_blocks(backend, memory):
     cache.fill(random_bytes(cache.size, 23))
     pool.fill(random_bytes(pool.size, 24))
     _swap_and_check(backend, _permuted_blocks(cache, pool, count, block, seed=23))
+
+
+def test_swap_through_cache_ops_copies_every_byte(backend, memory):
+    src, dst = _ends(memory, backend, "device_to_host", 256 * 656, seed=25)
+    ops = backend.create_cache_ops(runtime=None)
+    plan = _permuted_blocks(src, dst, 256, 656, seed=25)
+    before = plan.snapshot()
+    ops.swap_blocks_batch(*plan.descriptors())
+    plan.assert_matches(plan.expected(before))
+
+
+def test_swap_into_an_explicitly_registered_region_until_it_is_unregistered(backend, memory):
+    (cache,) = memory.enter_context(device_caches(backend, 1, 64 * 100))
+    staging = memory.enter_context(_explicit_region(backend, 64 * 100))
+    cache.fill(random_bytes(cache.size, 27))
+    staging.fill(random_bytes(staging.size, 28))
+    plan = _permuted_blocks(cache, staging, 100, 64, seed=27)
+    _swap_and_check(backend, plan)
+    backend.unregister_region(staging.region)
+    s, d, n = plan.descriptors()
+    with pytest.raises(InvalidDescriptorError, match=r"descriptor 0\b.*destination.*not inside any known region"):
+        backend.swap_blocks_batch(s, d, n)
+    staging.region = None
+
+
+@contextlib.contextmanager
+def _explicit_region(backend, size: int):
+    """A guarded range on the backend's device made a swap region with ``register_region``."""
+    arena = allocate_guarded(size, backend.device, "explicit region")
+    arena.region = backend.register_region(arena.address, arena.size, "conformance explicit", device=backend.device)
+    try:
+        yield arena
+    finally:
+        if arena.region is not None:
+            backend.unregister_region(arena.region)
+    arena.assert_canaries_intact()
 
 
 # ------------------------------------------------------------------------------------------ bad batches
