@@ -132,7 +132,7 @@ def bench_swaps(backend: HiSparseBackend, total_bytes: int, repeats: int) -> lis
             sizes = torch.full((count,), block, dtype=torch.int64)
             ours = _median_seconds(lambda: backend.swap_blocks_batch(src, dst, sizes), backend.device, repeats)
             loop_fn, loop_kind = _loop_alternative(backend, src, dst, sizes)
-            loop = _median_seconds(loop_fn, backend.device, max(1, min(repeats, 3)))
+            loop = _median_seconds(loop_fn, backend.device, repeats)
             one = _median_seconds(lambda: host.copy_(source, non_blocking=True), backend.device, repeats)
             check = _median_seconds(lambda: backend.regions.check_swap_batch(src, dst, sizes), torch.device("cpu"), repeats)
             expected = source.cpu().view(count, block)[torch.argsort(order)]
