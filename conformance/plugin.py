@@ -55,6 +55,7 @@ class ConformanceState:
         self.collector = ResultCollector()
         self.gate_file: str | None = getattr(config, "workerinput", {}).get("hal_gate_file")
         self.pending_probe: set[str] | None = None
+        self.environment: dict[str, Any] | None = None
         self.started = time.time()
 
     def _expectations_path(self, given: str | None) -> str | None:
@@ -308,7 +309,9 @@ class RunHooks:
 
 # ------------------------------------------------------------------------------------------ finish
 def _document(state: ConformanceState, running: str | None = None) -> dict[str, Any]:
-    facts = environment_facts(state.recipe)
+    if state.environment is None:
+        state.environment = environment_facts(state.recipe)  # probes once, not once per test
+    facts = dict(state.environment)
     facts.update(state.backend_facts)
     facts["architectures"] = sorted(set(facts.get("architectures", [])) | set(backend_architectures({}, facts.get("probe", {}))))
     facts["duration_s"] = round(time.time() - state.started, 2)

@@ -238,6 +238,13 @@ def test_gather_rejects_a_destination_of_the_wrong_row_width(backend):
         backend.gather_resident_rows(source, destination, _ids([0, 1], torch.int64, backend.device))
 
 
+def test_gather_rejects_a_non_contiguous_destination(backend):
+    source = _random((4, 4, 16), torch.uint8, 24, backend.device)
+    destination = torch.zeros((16, 2), dtype=torch.uint8, device=backend.device).t()
+    with pytest.raises(InvalidArgumentError, match=r"destination must be contiguous"):
+        backend.gather_resident_rows(source, destination, _ids([0, 1], torch.int64, backend.device))
+
+
 def test_gather_rejects_a_row_that_cannot_be_reinterpreted(backend):
     source = _random((4, 4, 15), torch.uint8, 21, backend.device)  # 15-byte rows
     destination = torch.zeros((2, 7), dtype=torch.bfloat16, device=backend.device)
