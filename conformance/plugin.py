@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 import warnings
@@ -184,6 +183,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     for r in results:
         if r.facts:
             lines.append(f"  {r.name} facts: " + ", ".join(f"{k}={v}" for k, v in r.facts.items()))
+    if not config.getoption("numprocesses", None):  # under xdist only the workers build the backend
+        try:
+            facts = state.backend_facts or backend_facts(state.backend())
+        except Exception as exc:  # noqa: BLE001 - every test reports it too
+            lines.append(f"backend under test could not be built: {type(exc).__name__}: {exc}")
+        else:
+            caps = facts["capabilities"]
+            lines.append(f"backend under test: {facts['backend_class']} on {facts['device']}; "
+                         f"architectures: {', '.join(facts['architectures']) or 'n/a'}")
+            lines.append("runtime versions: " + (", ".join(f"{k}={v}" for k, v in caps["versions"].items()) or "none reported"))
     return lines
 
 

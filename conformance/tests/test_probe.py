@@ -17,7 +17,7 @@ import torch
 from hisparse_hal.capabilities import KV_FORMATS, Capabilities
 from hisparse_hal.errors import UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
-from hisparse_hal.registry import probe_backends, select_backend
+from hisparse_hal.registry import BackendSpec, discover_specs, probe_backends, select_backend
 
 from hisparse_hal.conformance.arenas import device_caches, pinned_host_pool
 
@@ -62,6 +62,14 @@ def isolated_probe(tmp_path_factory, backend_recipe) -> dict:
 
 
 def test_every_registered_backend_gives_a_reason():
+    for spec in discover_specs():
+        if not isinstance(spec, BackendSpec):
+            continue  # an entry point that failed to load: probe_backends reports it with its traceback
+        try:
+            probe = spec.probe()
+        except Exception:  # noqa: BLE001 - a raising probe is recorded by probe_backends, checked below
+            continue
+        assert isinstance(probe.reason, str) and probe.reason.strip(), f"the probe of {spec.name!r} returned no reason"
     results = probe_backends()
     assert results, "no backend is registered in the hisparse_hal.backends entry-point group"
     for result in results:
