@@ -17,7 +17,7 @@ from hisparse_hal.host_registration import HostChunk, HostRegistration, PAGE_BYT
 from hisparse_hal.regions import Region, SwapBatch
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 from hisparse_hal.vendors.cpu.byte_copy import move_swap_batch
-from hisparse_hal.vendors.cpu.graph import current_graph
+from hisparse_hal.vendors.cpu.graph import current_graph, refuse_while_capturing
 
 __all__ = ["BROKEN", "SwapOneByteShort", "SwapDropsLastDescriptorOfChunk", "GatherConvertsValues", "GatherMinusOneReadsLastRow",
            "PinWithoutRollback", "CaptureRunsImmediately", "CapturingAlwaysFalse", "IpcWaitReturnsAtOnce", "UnstableCapabilities", "SwapCrashesTheProcess"]
@@ -69,6 +69,7 @@ class PinWithoutRollback(CpuBackend):
     """Pinning: chunks are registered one by one and, when one fails, the earlier ones stay registered."""
 
     def pin_tensor(self, tensor: torch.Tensor) -> None:
+        refuse_while_capturing("pin_tensor")
         address, size = self._host_range(tensor, "pin_tensor")
         block = tensor[0].numel() * tensor.element_size() if tensor.dim() >= 2 else PAGE_BYTES
         if (address, size) in self._pins:
