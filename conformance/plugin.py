@@ -56,6 +56,13 @@ class ConformanceState:
         self.pending_probe: set[str] | None = None
         self.environment: dict[str, Any] | None = None
         self.started = time.time()
+        self.resumed: set[str] = set()
+        resume = config.getoption("hal_resume")
+        if resume:
+            earlier = json.loads(Path(resume).read_text(encoding="utf-8"))
+            self.collector.restore(earlier["tests"])
+            self.resumed = {t["id"] for t in earlier["tests"]}
+            self.probe_failures = [t["id"] for t in earlier["tests"] if t["area"] == "probe" and t["outcome"] in ("failed", "xpassed")]
 
     def _expectations_path(self, given: str | None) -> str | None:
         if given:
@@ -138,6 +145,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--hal-expectations", default=None, metavar="FILE", help="expectations TOML; default: the vendor's expectations.toml; 'none' for no file")
     group.addoption("--hal-report", default=None, metavar="DIR", help="write results.json and summary.md here")
     group.addoption("--hal-strict", action="store_true", default=False, help="expectation entries that match no test fail the run")
+    group.addoption("--hal-resume", default=None, metavar="RESULTS_JSON",
+                    help="(used by the runner after a crash) keep these results and run only the tests they lack")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -201,6 +210,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Probe tier first; expectations applied as strict xfail or skip marks; stale entries warned."""
     state = state_of(config)
+    if state.resumed:  # a run resumed after a crash: the tests already recorded do not run again
+        done = [item for item in items if suite_test_id(item.nodeid) in state.resumed]
+        items[:] = [item for item in items if suite_test_id(item.nodeid) not in state.resumed]
+        config.hook.pytest_deselected(items=done)
     order = {area: n for n, area in enumerate(AREAS)}
     items.sort(key=lambda item: order.get(area_of(item.nodeid), len(order)))  # stable: tier order, probe first
     expectations = state.expectations

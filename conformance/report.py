@@ -110,6 +110,11 @@ class ResultCollector:
         elif when == "call" and wasxfail is not None:  # non-strict xpass (the suite makes xfails strict)
             result.outcome, result.reason = "xpassed", f"unexpected pass: {wasxfail}"
 
+    def restore(self, tests: Iterable[Mapping[str, Any]]) -> None:
+        """Take over results recorded by an earlier, interrupted process of the same run."""
+        for t in tests:
+            self._results[t["id"]] = TestResult(t["id"], t["area"], t["outcome"], float(t["duration"]), t["reason"])
+
     def results(self) -> list[TestResult]:
         """Results sorted by area (tier order), then id."""
         order = {area: n for n, area in enumerate(AREAS + ("other",))}

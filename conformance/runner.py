@@ -14,6 +14,7 @@ import logging
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from hisparse_hal.errors import BackendUnavailableError, InvalidArgumentError
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 PLUGIN = "hisparse_hal.conformance.plugin"
 TESTS = "hisparse_hal.conformance.tests"
 SETTINGS = Path(__file__).with_name("pytest-settings.toml")
+#: Crashed tests after which the runner stops resuming.
+MAX_CRASHES = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,14 +110,34 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"hisparse-hal conformance: testing {recipe.describe()}", file=sys.stderr)
     print("  python -m pytest " + shlex.join(argv), file=sys.stderr)
-    # A separate interpreter: a backend that crashes the process (a fault in a vendor library) still
-    # leaves this one alive to say so and complete the report.
-    code = subprocess.run([sys.executable, "-m", "pytest", *argv]).returncode
-    if code < 0 or code == 3:
-        crashed = complete_crashed_report(args.report, code) if args.report else None
-        where = f" while running {crashed}" if crashed else ""
-        print(f"hisparse-hal conformance: the test process died (exit status {code}){where}", file=sys.stderr)
-        return 1 if code < 0 else code
+    return _run_until_done(argv, args.report)
+
+
+def _run_until_done(argv: list[str], report: str | None) -> int:
+    """Run pytest in a child interpreter; when a test kills it (a fault in a vendor library), record
+    that test as failed and resume with the tests not yet run, so one crash hides no other result."""
+    directory = Path(report) if report else Path(tempfile.mkdtemp(prefix="hisparse-conformance-"))
+    if not report:
+        argv = [*argv, "--hal-report", str(directory)]
+    crashed: list[str] = []
+    resume: list[str] = []
+    while True:
+        code = subprocess.run([sys.executable, "-m", "pytest", *argv, *resume]).returncode
+        if code >= 0:
+            break
+        test = complete_crashed_report(directory, code)
+        if test is None or test in crashed or len(crashed) >= MAX_CRASHES:
+            why = f"after {len(crashed) + 1} crashes" if test is not None else "(no partial report to resume from)"
+            print(f"hisparse-hal conformance: the test process died (exit status {code}); not resuming {why}; "
+                  "the tests not yet run are missing from the report", file=sys.stderr)
+            return 1
+        crashed.append(test)
+        print(f"hisparse-hal conformance: the test process died (exit status {code}) while running {test}; "
+              "recorded as failed, resuming with the tests not yet run", file=sys.stderr)
+        resume = ["--hal-resume", str(directory / "results.json")]
+    if crashed:
+        print(f"hisparse-hal conformance: {len(crashed)} test(s) crashed the process: {', '.join(crashed)}", file=sys.stderr)
+        return code if code not in (0, 5) else 1
     return code
 
 
