@@ -25,7 +25,9 @@ __all__ = [
     "pinned_host_pool",
     "device_caches",
     "cache_format_for_arenas",
+    "park_cache_regions",
     "first_difference",
+    "describe_mismatch",
 ]
 
 CANARY_BYTES = 256

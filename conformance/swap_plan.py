@@ -7,28 +7,15 @@ so the expected result does not depend on the order in which a backend runs the 
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from .arenas import GuardedBytes, describe_mismatch
 
-__all__ = ["Copy", "SwapPlan"]
+__all__ = ["SwapPlan"]
 
 # Expected images are built byte by byte (vectorized) for many small copies, copy by copy otherwise.
 _BYTE_INDEX_LIMIT = 4 << 20
 _LOOP_COUNT = 256
-
-
-@dataclasses.dataclass(frozen=True)
-class Copy:
-    """One descriptor: ``size`` bytes from ``src`` at ``src_offset`` to ``dst`` at ``dst_offset``."""
-
-    src: GuardedBytes
-    src_offset: int
-    dst: GuardedBytes
-    dst_offset: int
-    size: int
 
 
 class SwapPlan:
@@ -48,10 +35,6 @@ class SwapPlan:
         if sizes.numel() and (int((src_offsets + sizes).max()) > src.size or int((dst_offsets + sizes).max()) > dst.size):
             raise ValueError("a planned copy runs outside its guarded range (suite bug)")
         self._groups.append((src, src_offsets, dst, dst_offsets, sizes))
-
-    def add(self, copy: Copy) -> None:
-        """Append one copy."""
-        self.add_many(copy.src, torch.tensor([copy.src_offset]), copy.dst, torch.tensor([copy.dst_offset]), torch.tensor([copy.size]))
 
     @property
     def count(self) -> int:

@@ -12,7 +12,6 @@ import dataclasses
 import torch
 
 from hisparse_hal.capabilities import Capabilities
-from hisparse_hal.gather import gather_rows
 from hisparse_hal.host_registration import HostChunk, HostRegistration, PAGE_BYTES, plan_host_chunks
 from hisparse_hal.regions import Region, SwapBatch
 from hisparse_hal.vendors.cpu.backend import CpuBackend

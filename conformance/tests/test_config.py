@@ -40,7 +40,7 @@ def _supported_format(capabilities) -> str:
     for fmt in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_ds_mla"):
         if fmt in capabilities.kv_formats:
             return fmt
-    pytest.skip(f"capability kv_formats is empty: the backend holds no KV cache format")
+    pytest.skip("capability kv_formats is empty: the backend holds no KV cache format")
 
 
 def _accepts_swaps_at(backend, address: int, size: int = 16) -> bool:
