@@ -18,6 +18,11 @@ from hisparse_hal.vendors.cpu.backend import CpuBackend
 BLOCK = 656
 
 
+def _host_bytes(tensor: torch.Tensor) -> bytes:
+    """The bytes of a contiguous host tensor (no numpy: CI installs none)."""
+    return ctypes.string_at(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+
+
 def _i64(values) -> torch.Tensor:
     return torch.as_tensor(values, dtype=torch.int64)
 
@@ -85,9 +90,9 @@ def test_swap_with_unaligned_offsets_is_vectorized_in_smaller_pieces(backend, mo
     src = memory.data_ptr() + 3 + torch.arange(40) * 999  # odd offsets: one-byte pieces
     dst = out.data_ptr() + 7 + torch.randperm(40, generator=torch.Generator().manual_seed(5)) * 1001
     backend.swap_blocks_batch(src, dst, torch.full((40,), 999))
-    expected = bytearray(memory.numpy().tobytes()) + bytearray(out.numpy().tobytes())
+    expected = bytearray(_host_bytes(memory)) + bytearray(_host_bytes(out))
     base = memory.data_ptr()
-    got = out.numpy().tobytes()
+    got = _host_bytes(out)
     for s, d in zip(src.tolist(), dst.tolist()):
         assert got[d - out.data_ptr():d - out.data_ptr() + 999] == bytes(expected[s - base:s - base + 999])
     assert out[:7].eq(0).all()
@@ -103,10 +108,10 @@ def test_swap_mixed_sizes_groups_by_size_and_matches_the_oracle(backend):
         src.append(base + cursor)
         dst.append(base + (1 << 17) + cursor)
         cursor += size + 5
-    expected = bytearray(memory.numpy().tobytes())
+    expected = bytearray(_host_bytes(memory))
     _oracle(expected, base, src, dst, sizes)
     backend.swap_blocks_batch(_i64(src), _i64(dst), _i64(sizes))
-    assert memory.numpy().tobytes() == bytes(expected)
+    assert _host_bytes(memory) == bytes(expected)
     assert backend.last_swap == byte_copy.SwapMoveReport(vectorized=60, looped=2, hazard=False)
 
 
@@ -116,10 +121,10 @@ def test_swap_with_own_source_and_destination_overlapping_behaves_like_memmove(b
     base = memory.data_ptr()
     src = [base + 2 * BLOCK * i for i in range(64)]
     dst = [s + 8 for s in src]  # each shifts its own block by 8 bytes, into the gap after it
-    expected = bytearray(memory.numpy().tobytes())
+    expected = bytearray(_host_bytes(memory))
     _oracle(expected, base, src, dst, [BLOCK] * 64)
     backend.swap_blocks_batch(_i64(src), _i64(dst), torch.full((64,), BLOCK))
-    assert memory.numpy().tobytes() == bytes(expected)
+    assert _host_bytes(memory) == bytes(expected)
     assert backend.last_swap.vectorized == 64
 
 
@@ -292,15 +297,15 @@ def test_generated_swaps_between_two_regions_match_the_oracle(case, seed, min_gr
     source, target = _random_bytes(ARENA, seed), _random_bytes(ARENA, seed + 1)
     backend.register_region(source.data_ptr(), ARENA, "source")
     backend.register_region(target.data_ptr(), ARENA, "target")
-    expected = bytearray(target.numpy().tobytes())
-    data = source.numpy().tobytes()
+    expected = bytearray(_host_bytes(target))
+    data = _host_bytes(source)
     for s, d, n in zip(src_off, dst_off, sizes):
         expected[d:d + n] = data[s:s + n]
     with _vector_threshold(min_group):
         backend.swap_blocks_batch(_i64([source.data_ptr() + s for s in src_off]),
                                   _i64([target.data_ptr() + d for d in dst_off]), _i64(sizes))
-    assert target.numpy().tobytes() == bytes(expected)
-    assert source.numpy().tobytes() == data
+    assert _host_bytes(target) == bytes(expected)
+    assert _host_bytes(source) == data
 
 
 @settings(max_examples=150, deadline=None)
@@ -311,11 +316,11 @@ def test_generated_overlapping_swaps_in_one_region_run_in_order_like_memmove(cas
     memory = _random_bytes(ARENA, seed)
     base = memory.data_ptr()
     backend.register_region(base, ARENA, "arena")
-    expected = bytearray(memory.numpy().tobytes())
+    expected = bytearray(_host_bytes(memory))
     _oracle(expected, base, [base + s for s in src_off], [base + d for d in dst_off], sizes)
     with _vector_threshold(min_group):
         backend.swap_blocks_batch(_i64([base + s for s in src_off]), _i64([base + d for d in dst_off]), _i64(sizes))
-    assert memory.numpy().tobytes() == bytes(expected)
+    assert _host_bytes(memory) == bytes(expected)
 
 
 def test_memmove_each_copies_in_order():
