@@ -67,12 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=_cmd_info)
 
     conformance = sub.add_parser("conformance", help="run the conformance suite against a backend")
-    try:
-        from .conformance import runner
+    from .conformance import runner
 
-        runner.add_arguments(conformance)
-    except ImportError:  # the suite is optional at import time; running it reports the error
-        pass
+    runner.add_arguments(conformance)
     conformance.set_defaults(func=_cmd_conformance)
 
     bench = sub.add_parser("bench", help="measure swaps and gathers against the plain alternatives")
