@@ -12,10 +12,10 @@ import dataclasses
 import logging
 import math
 import mmap
-import os
 from typing import Callable, Sequence
 
 from .errors import InvalidArgumentError
+from .settings import positive_setting
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -35,20 +35,13 @@ CHUNK_ENV = "HISPARSE_HAL_PIN_CHUNK_BYTES"
 
 
 def default_chunk_bytes() -> int:
-    """The chunk cap: ``HISPARSE_HAL_PIN_CHUNK_BYTES`` if set, else 256 GiB.
+    """The chunk cap: ``HISPARSE_HAL_PIN_CHUNK_BYTES`` if set (decimal or ``0x`` hex), else 256 GiB.
 
     Raises:
         InvalidArgumentError: the variable is not a positive integer.
     """
-    raw = os.environ.get(CHUNK_ENV)
-    if raw is None:
-        return DEFAULT_CHUNK_BYTES
-    try:
-        value = int(raw, 0)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise InvalidArgumentError(f"{CHUNK_ENV} must be a positive byte count, got {raw!r}")
+    value = positive_setting(CHUNK_ENV, DEFAULT_CHUNK_BYTES, lambda text: int(text, 0), "a positive byte count")
+    assert value is not None
     return value
 
 

@@ -28,6 +28,7 @@ from hisparse_hal.errors import (
     InvalidArgumentError,
 )
 from hisparse_hal.regions import SwapBatch
+from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
 
 __all__ = [
     "CopyRuntime",
@@ -206,7 +207,8 @@ class TorchGpuBackend(HiSparseBackend):
         device_index: the GPU ordinal (after ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``).
         device: where KV caches live; defaults to ``torch.device("cuda", device_index)`` (torch's HIP
             build also says ``"cuda"``). Tests inject ``torch.device("cpu")`` with a simulated runtime.
-        event_timeout_s: default bound of :meth:`GpuIpcEvent.synchronize`.
+        event_timeout_s: default bound of :meth:`GpuIpcEvent.synchronize`; None reads
+            ``HISPARSE_HAL_EVENT_TIMEOUT_S`` (default 30 s), as the CPU device does.
 
     Swaps inside a graph capture are captured, never batched: the driver has no graph-node form of
     ``cuMemcpyBatchAsync`` (cuda-python ``cuda.core.utils.copy_batch`` docs), while each per-copy
@@ -225,7 +227,7 @@ class TorchGpuBackend(HiSparseBackend):
         device_index: int,
         *,
         device: torch.device | None = None,
-        event_timeout_s: float = 120.0,
+        event_timeout_s: float | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(device_index, int) or isinstance(device_index, bool) or device_index < 0:
@@ -234,7 +236,7 @@ class TorchGpuBackend(HiSparseBackend):
         self.runtime = runtime
         self.device_index = device_index
         self._device = device if device is not None else torch.device("cuda", device_index)
-        self.event_timeout_s = event_timeout_s
+        self.event_timeout_s = event_timeout_s if event_timeout_s is not None else event_timeout_s_from_env()
         self._batch_copy_mode = "auto"
         #: The copy path of the last swap: ``"batch"`` or ``"loop"`` (for tests, benchmarks, logs).
         self.last_swap_path: str | None = None

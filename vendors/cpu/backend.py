@@ -21,10 +21,17 @@ from hisparse_hal.errors import InvalidArgumentError, InvalidDescriptorError
 from hisparse_hal.gather import gather_rows
 from hisparse_hal.kv_cache import KVCacheConfig
 from hisparse_hal.regions import Region, SwapBatch
+from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
 
 from .byte_copy import SwapMoveReport, move_swap_batch
-from .graph import CapturedOp, CpuGraph, capture_graph, current_graph, refuse_while_capturing
-from .ipc_event import CpuIpcEvent, create_event, event_timeout_from_env, import_event
+from .graph import (
+    CapturedOp,
+    CpuGraph,
+    capture_graph,
+    current_graph,
+    refuse_while_capturing,
+)
+from .ipc_event import CpuIpcEvent, create_event, import_event
 from .page_lock import PageLocker, probe_page_lock
 
 __all__ = ["CpuBackend"]
@@ -56,7 +63,7 @@ class CpuBackend(HiSparseBackend):
     def __init__(self, *, event_timeout_s: float | None = None) -> None:
         super().__init__()
         if event_timeout_s is None:
-            event_timeout_s = event_timeout_from_env()
+            event_timeout_s = event_timeout_s_from_env()
         elif not (isinstance(event_timeout_s, (int, float)) and 0 < event_timeout_s < math.inf):
             raise InvalidArgumentError(f"event_timeout_s must be a positive, finite number, got {event_timeout_s!r}")
         #: Bound of every IPC event wait, in seconds (events copy it at creation or import).

@@ -25,13 +25,12 @@ import weakref
 from typing import Iterator
 
 from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError
+from hisparse_hal.settings import EVENT_TIMEOUT_ENV
 
 from .graph import refuse_while_capturing
 
-__all__ = ["CpuIpcEvent", "create_event", "import_event", "event_timeout_from_env", "TIMEOUT_ENV"]
+__all__ = ["CpuIpcEvent", "create_event", "import_event"]
 
-TIMEOUT_ENV = "HISPARSE_HAL_EVENT_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 30.0
 HANDLE_KIND = "hisparse-hal/cpu-ipc-event"
 HANDLE_VERSION = 1
 NAME_PREFIX = "hisparse-hal-event-"
@@ -53,24 +52,6 @@ def _renew_process_token() -> None:
 
 
 os.register_at_fork(after_in_child=_renew_process_token)
-
-
-def event_timeout_from_env() -> float:
-    """The wait bound in seconds: ``HISPARSE_HAL_EVENT_TIMEOUT_S`` if set, else 30.
-
-    Raises:
-        InvalidArgumentError: the variable is not a positive number.
-    """
-    raw = os.environ.get(TIMEOUT_ENV)
-    if raw is None:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (value > 0 and math.isfinite(value)):
-        raise InvalidArgumentError(f"{TIMEOUT_ENV} must be a positive, finite number of seconds, got {raw!r}")
-    return value
 
 
 def _event_dir() -> str:
@@ -247,7 +228,7 @@ class CpuIpcEvent:
                 raise EventTimeoutError(
                     f"{member} on CPU IPC event {self.name} timed out after {bound:g} s waiting for record "
                     f"#{target} (completed: #{completed}, exporter pid {self.creator_pid}); raise "
-                    f"{TIMEOUT_ENV} or event.timeout_s if the recorded work is legitimately slow"
+                    f"{EVENT_TIMEOUT_ENV} or event.timeout_s if the recorded work is legitimately slow"
                 )
             time.sleep(pause)
             pause = min(pause * 2, 2e-3)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
+from hisparse_hal.vendors.torch_gpu import CopyRuntime, TorchGpuBackend
 
 from hisparse_hal.errors import BackendUnavailableError
-from hisparse_hal.vendors.torch_gpu import CopyRuntime, TorchGpuBackend
 
 from .capabilities import plan_capabilities
 from .driver import CudaDriver

@@ -7,12 +7,12 @@ environment variable, read through :func:`batch_cap_from_env`.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Mapping
 
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import InvalidArgumentError
+from hisparse_hal.settings import positive_setting
 
 __all__ = [
     "plan_capabilities",
@@ -68,19 +68,9 @@ def batch_cap_from_env(environ: Mapping[str, str] | None = None) -> int | None:
     Raises:
         InvalidArgumentError: the value is not a positive integer (the message quotes it).
     """
-    raw = (os.environ if environ is None else environ).get(BATCH_CAP_ENV)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw.strip(), 10)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise InvalidArgumentError(
-            f"{BATCH_CAP_ENV} must be a positive integer number of descriptors per batch call, got {raw!r}; "
-            f"unset it to use the default of {DEFAULT_MAX_BATCH}"
-        )
-    return value
+    return positive_setting(
+        BATCH_CAP_ENV, None, lambda text: int(text, 10), "a positive integer number of descriptors per batch call", environ
+    )
 
 
 def plan_capabilities(

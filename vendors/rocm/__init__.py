@@ -7,6 +7,12 @@ class in ``backend``; those load on use.
 
 from __future__ import annotations
 
-from .capabilities import MAX_BATCH_DESCRIPTORS, HipVersion, hip_version, parse_arch, plan_capabilities
+from .capabilities import (
+    MAX_BATCH_DESCRIPTORS,
+    HipVersion,
+    hip_version,
+    parse_arch,
+    plan_capabilities,
+)
 
 __all__ = ["plan_capabilities", "hip_version", "HipVersion", "parse_arch", "MAX_BATCH_DESCRIPTORS"]

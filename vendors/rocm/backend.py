@@ -13,10 +13,14 @@ import logging
 from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
+from hisparse_hal.vendors.torch_gpu import (
+    GpuCapturedGraph,
+    GpuIpcEvent,
+    TorchGpuBackend,
+)
 
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS
-from hisparse_hal.vendors.torch_gpu import GpuCapturedGraph, GpuIpcEvent, TorchGpuBackend
 
 from .capabilities import GfxArch, arch_facts, parse_arch, plan_capabilities
 from .hip_runtime import HipRuntime

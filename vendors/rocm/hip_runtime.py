@@ -14,9 +14,14 @@ import os
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
-from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError, InvalidArgumentError
-from hisparse_hal.regions import SwapBatch
 from hisparse_hal.vendors.torch_gpu import nonempty_descriptors
+
+from hisparse_hal.errors import (
+    BackendUnavailableError,
+    DeviceRuntimeError,
+    InvalidArgumentError,
+)
+from hisparse_hal.regions import SwapBatch
 
 from .capabilities import MAX_BATCH_DESCRIPTORS
 

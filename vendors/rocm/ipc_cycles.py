@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import threading
 
-from hisparse_hal.errors import UnsupportedCapabilityError
 from hisparse_hal.vendors.torch_gpu import GpuIpcEvent
+
+from hisparse_hal.errors import UnsupportedCapabilityError
 
 __all__ = ["CycleLimitedIpcEvent"]
 

@@ -25,7 +25,9 @@ __all__ = ["ProbeInputs", "probe_rocm", "probe", "SPEC"]
 
 
 def _find_library() -> tuple[Path | None, list[str]]:
-    from .hip_runtime import find_hip_library  # ctypes declarations only; nothing is loaded
+    from .hip_runtime import (
+        find_hip_library,  # ctypes declarations only; nothing is loaded
+    )
 
     return find_hip_library()
 
