@@ -1,0 +1,83 @@
+"""Generate CI jobs from the hardware matrix (``ci/matrix.toml``), the matrix's one source.
+
+Usage: ``python ci/jobs.py [--matrix FILE] [--report-root DIR]`` prints ``{"include": [...]}`` (the
+shape CI matrix strategies take): one job per machine with its runner label, backend, and the command
+that runs the GPU check (or, on the CPU row, the conformance run) into ``DIR/<machine>``.
+Invariant: names are unique and every backend named is one the project registers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+__all__ = ["load_matrix", "jobs", "main"]
+
+KNOWN_BACKENDS = ("cpu", "cuda", "rocm")
+FIELDS = ("name", "backend", "runner", "arch", "torch")
+DEFAULT_MATRIX = Path(__file__).with_name("matrix.toml")
+
+
+def load_matrix(path: Path) -> list[dict[str, str]]:
+    """The machines of a matrix file.
+
+    Raises:
+        SystemExit: unreadable TOML, a machine missing a field, an unknown backend, or a duplicate name
+            (each message names the machine and the value).
+    """
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"jobs: cannot read matrix {path}: {exc}") from None
+    machines = doc.get("machine", [])
+    if not machines:
+        raise SystemExit(f"jobs: matrix {path} lists no [[machine]]")
+    seen: set[str] = set()
+    for i, machine in enumerate(machines):
+        missing = [f for f in FIELDS if not isinstance(machine.get(f), str) or not machine[f]]
+        if missing:
+            raise SystemExit(f"jobs: machine {i} ({machine.get('name', '?')}) lacks {missing}")
+        if machine["backend"] not in KNOWN_BACKENDS:
+            raise SystemExit(
+                f"jobs: machine {machine['name']!r} names unknown backend {machine['backend']!r}; "
+                f"known: {list(KNOWN_BACKENDS)}"
+            )
+        if machine["name"] in seen:
+            raise SystemExit(f"jobs: machine name {machine['name']!r} appears twice")
+        seen.add(machine["name"])
+    return machines
+
+
+def jobs(machines: list[dict[str, str]], report_root: str) -> list[dict[str, Any]]:
+    """One CI job per machine: where it runs and the command that writes its report folder."""
+    out = []
+    for machine in machines:
+        folder = f"{report_root}/{machine['name']}"
+        if machine["backend"] == "cpu":
+            command = f"hisparse-hal conformance --backend cpu --report {folder}"
+        else:
+            command = f"ci/gpu-check.sh {machine['backend']} {folder}"
+        out.append({**machine, "report": folder, "command": command})
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the jobs as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--matrix", type=Path, default=DEFAULT_MATRIX)
+    parser.add_argument("--report-root", default="reports")
+    args = parser.parse_args(argv)
+    print(json.dumps({"include": jobs(load_matrix(args.matrix), args.report_root)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
