@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import torch
+from packaging.version import InvalidVersion, Version
 
 from hisparse_hal.registry import BackendSpec, Probe
 
@@ -22,10 +23,10 @@ __all__ = ["probe", "SPEC"]
 def _torch_cuda_version() -> int | None:
     """``torch.version.cuda`` ("12.8") in the driver encoding (12080), or None when unparsable."""
     try:
-        major, minor = (int(part) for part in str(torch.version.cuda).split(".")[:2])
-    except ValueError:
+        version = Version(str(torch.version.cuda))
+    except InvalidVersion:
         return None
-    return major * 1000 + minor * 10
+    return version.major * 1000 + version.minor * 10
 
 
 def probe() -> Probe:
