@@ -333,7 +333,7 @@ def test_kv_config_that_is_malformed_gets_the_core_error_unchanged():
 # ----------------------------------------------------------------------------------------- capture
 def test_capture_before_rocm_7_2_1_is_refused_with_the_reason():
     backend = simulated_rocm_backend(SimulatedHipRuntime("7.2.0"))
-    with pytest.raises(UnsupportedCapabilityError, match=r"HIP runtime 7\.2\.53210 cannot hold a graph capture .*SGLang #23580"):
+    with pytest.raises(UnsupportedCapabilityError, match=r"capture\(\) \(capability graph_capture is False: HIP 7\.2\.53210: graph capture needs ROCm 7\.2\.1 .*SGLang #23580"):
         backend.capture()
 
 

@@ -299,3 +299,11 @@ def test_replay_before_the_capture_ends_is_misuse() -> None:
     captured.complete = True
     captured.replay()
     assert Graph.replays == 1
+
+
+def test_capture_is_refused_by_capability_before_touching_the_device():
+    no_capture = Capabilities("native", 4, True, None, True, False, False, frozenset({"bf16"}),
+                              notes=("runtime 1.0: graph capture needs 1.1 (example #1)",))
+    backend = Backend(no_capture, RecordingRuntime(), 0, device=torch.device("cpu"))
+    with pytest.raises(UnsupportedCapabilityError, match=r"capture\(\) \(capability graph_capture is False: runtime 1\.0: graph capture needs 1\.1 \(example #1\)\)"):
+        backend.capture()

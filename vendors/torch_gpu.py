@@ -15,7 +15,7 @@ import struct
 import time
 import uuid
 import warnings
-from typing import Iterator, Protocol, runtime_checkable
+from typing import ContextManager, Iterator, Protocol, runtime_checkable
 
 import torch
 
@@ -379,16 +379,24 @@ class TorchGpuBackend(HiSparseBackend):
         (``torch.cuda.is_current_stream_capturing`` returns False where no context exists)."""
         return bool(torch.cuda.is_current_stream_capturing())
 
-    @contextlib.contextmanager
-    def capture(self) -> Iterator[GpuCapturedGraph]:
+    def capture(self) -> ContextManager[GpuCapturedGraph]:
         """Capture this backend's work into a ``torch.cuda.CUDAGraph`` on a side stream torch makes
         current; yields a :class:`GpuCapturedGraph` whose ``replay()`` works once the block ends.
 
         Raises:
+            UnsupportedCapabilityError: ``capabilities.graph_capture`` is False on this runtime (the
+                message carries the capability note that says why).
             CaptureMisuseError: a capture is already underway on the current stream.
         """
+        if not self._capabilities.graph_capture:
+            why = "; ".join(note for note in self._capabilities.notes if "capture" in note)
+            raise self._unsupported(f"capture() (capability graph_capture is False: {why or 'not supported'})")
         if self.is_current_stream_capturing():
             raise CaptureMisuseError("capture() called while the current stream is already capturing")
+        return self._capture_graph()
+
+    @contextlib.contextmanager
+    def _capture_graph(self) -> Iterator[GpuCapturedGraph]:
         with self._device_scope(), warnings.catch_warnings():
             # An empty capture is valid here (it replays as a no-op); torch warns that it "usually
             # means" a wrong stream, which is noise for this contract.

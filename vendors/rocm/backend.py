@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 from hisparse_hal.vendors.torch_gpu import (
-    GpuCapturedGraph,
     GpuIpcEvent,
     TorchGpuBackend,
 )
@@ -162,22 +161,6 @@ class RocmBackend(TorchGpuBackend):
             f"{self.arch.base} ({facts.product}) stores fp8 KV as {facts.fp8_format!r} ({theirs}); "
             f"{requested!r} (max {_FP8_MAX[str(requested)]}) would be misread (vLLM #45563)"
         )
-
-    # ----------------------------------------------------------------- graphs
-    def capture(self) -> ContextManager[GpuCapturedGraph]:
-        """Capture into a graph (see the shared layer), on HIP runtimes where captures are reliable.
-
-        Raises:
-            UnsupportedCapabilityError: HIP older than ROCm 7.2.1, where another thread's
-                ``hipEventQuery`` invalidates a capture (SGLang #23580).
-        """
-        if not self.capabilities.graph_capture:
-            raise UnsupportedCapabilityError(
-                f"capture: HIP runtime {self.capabilities.versions.get('hip_runtime')} cannot hold a graph "
-                "capture reliably (another thread's hipEventQuery invalidates it, SGLang #23580); ROCm "
-                "7.2.1 or later is needed"
-            )
-        return super().capture()
 
     # ----------------------------------------------------------------- IPC events
     def create_ipc_event(self) -> GpuIpcEvent:
