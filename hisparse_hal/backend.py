@@ -9,11 +9,10 @@ members; a member it does not implement raises ``UnsupportedCapabilityError`` na
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, ContextManager
 
 import torch
 
@@ -369,11 +368,15 @@ class HiSparseBackend:
         device context."""
         raise self._unsupported("is_current_stream_capturing")
 
-    @contextlib.contextmanager
-    def capture(self) -> Iterator[CapturedGraph]:
-        """Capture this backend's work on the current stream; yields a graph with ``replay()``."""
+    def capture(self) -> ContextManager[CapturedGraph]:
+        """A context manager that captures this backend's work on the current stream and yields a graph
+        with ``replay()``; ``is_current_stream_capturing()`` is True inside it.
+
+        Raises:
+            UnsupportedCapabilityError: the backend cannot capture.
+            CaptureMisuseError: a capture is already underway.
+        """
         raise self._unsupported("capture")
-        yield  # pragma: no cover
 
     def create_ipc_event(self) -> HalEvent:
         """Create an event that can be exported to another process."""

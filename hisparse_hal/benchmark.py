@@ -42,7 +42,7 @@ def _side_stream(device: torch.device) -> contextlib.AbstractContextManager[obje
     return contextlib.nullcontext()
 
 
-def _median_seconds(fn: Callable[[], None], device: torch.device, repeats: int, warmup: int = 1) -> float:
+def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()
     _sync(device)

@@ -123,7 +123,7 @@ def gather_rows(
         low, high = torch.aminmax(row_ids)
         low_i, high_i = int(low), int(high)
         if low_i < -1 or high_i >= total:
-            bad = ((row_ids < -1) | (row_ids >= total)).nonzero()[0].item()
+            bad = int(((row_ids < -1) | (row_ids >= total)).nonzero()[0])
             raise InvalidArgumentError(
                 f"gather row_ids[{bad}] = {int(row_ids[bad])} is out of range: ids must be -1 "
                 f"(not resident) or in [0, {total}) for {num_blocks} blocks of {block_size} rows"

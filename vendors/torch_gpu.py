@@ -27,6 +27,7 @@ from hisparse_hal.errors import (
     EventTimeoutError,
     InvalidArgumentError,
 )
+from hisparse_hal.events import HalEvent
 from hisparse_hal.regions import SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
 
@@ -415,7 +416,7 @@ class TorchGpuBackend(HiSparseBackend):
             event.ipc_handle()  # torch creates the event lazily on the *current* device; fix it now
         return GpuIpcEvent(event, self.device_index, self.event_timeout_s, imported=False)
 
-    def export_event(self, event: GpuIpcEvent) -> bytes:
+    def export_event(self, event: HalEvent) -> bytes:
         """Picklable bytes: the 64-byte IPC handle, device index and exporting process.
 
         Call it on the thread that uses the device, not from a pickling hook (cuda-python #1145). The

@@ -17,6 +17,7 @@ import torch
 
 from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.capabilities import KV_FORMATS, Capabilities
+from hisparse_hal.events import HalEvent
 from hisparse_hal.errors import InvalidArgumentError, InvalidDescriptorError
 from hisparse_hal.gather import gather_rows
 from hisparse_hal.kv_cache import KVCacheConfig
@@ -247,7 +248,7 @@ class CpuBackend(HiSparseBackend):
         refuse_while_capturing("create_ipc_event")
         return create_event(self.event_timeout_s)
 
-    def export_event(self, event: CpuIpcEvent) -> bytes:
+    def export_event(self, event: HalEvent) -> bytes:
         """Picklable bytes naming the event's shared file, its creator pid and a random token.
 
         Raises:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Literal
 
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
@@ -190,7 +191,7 @@ def plan_capabilities(runtime_version: int, arch: str, *, batch_symbol: bool = T
     facts = arch_facts(gfx)
     notes: list[str] = []
 
-    batch_copy = "native"
+    batch_copy: Literal["native", "loop"] = "native"
     if version < _BATCH_FROM:
         batch_copy = "loop"
         notes.append(f"HIP {version}: no hipMemcpyBatchAsync before 7.1, swaps use a hipMemcpyAsync loop (vLLM #41737)")
