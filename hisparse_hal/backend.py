@@ -355,12 +355,15 @@ class HiSparseBackend:
         Raises:
             InvalidArgumentError: bad types, devices, shapes, or an id out of range (naming it).
         """
+        self._check_gather_device(source, destination)
+        gather_rows(source, destination, row_ids, check_range=not self.is_current_stream_capturing())
+
+    def _check_gather_device(self, source: object, destination: object) -> None:
         for name, value in (("source", source), ("destination", destination)):
             if isinstance(value, torch.Tensor) and value.device != self.device:
                 raise InvalidArgumentError(
                     f"gather {name} is on {value.device}, but backend {self.name!r} runs on {self.device}"
                 )
-        gather_rows(source, destination, row_ids, check_range=not self.is_current_stream_capturing())
 
     # ----------------------------------------------------------------- graphs and events
     def is_current_stream_capturing(self) -> bool:

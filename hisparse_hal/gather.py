@@ -13,7 +13,7 @@ import torch
 
 from .errors import InvalidArgumentError
 
-__all__ = ["gather_rows", "reference_gather_rows", "source_row_view"]
+__all__ = ["check_row_ids", "gather_rows", "reference_gather_rows", "source_row_view"]
 
 
 def source_row_view(source: torch.Tensor, destination_dtype: torch.dtype) -> tuple[torch.Tensor, int, int]:
@@ -82,6 +82,25 @@ def _check_gather_args(source: torch.Tensor, destination: torch.Tensor, row_ids:
         )
 
 
+def check_row_ids(row_ids: torch.Tensor, num_blocks: int, block_size: int) -> None:
+    """Check every id is ``-1`` or a row of a ``num_blocks x block_size`` source (one reduction,
+    which a GPU reads back to the host).
+
+    Raises:
+        InvalidArgumentError: naming the first out-of-range id's index and value.
+    """
+    if row_ids.numel() == 0:
+        return
+    total = num_blocks * block_size
+    low, high = (int(v) for v in torch.aminmax(row_ids))
+    if low < -1 or high >= total:
+        bad = int(((row_ids < -1) | (row_ids >= total)).nonzero()[0])
+        raise InvalidArgumentError(
+            f"gather row_ids[{bad}] = {int(row_ids[bad])} is out of range: ids must be -1 "
+            f"(not resident) or in [0, {total}) for {num_blocks} blocks of {block_size} rows"
+        )
+
+
 def gather_rows(
     source: torch.Tensor,
     destination: torch.Tensor,
@@ -118,16 +137,8 @@ def gather_rows(
         )
     if n == 0:
         return
-    total = num_blocks * block_size
     if check_range:
-        low, high = torch.aminmax(row_ids)
-        low_i, high_i = int(low), int(high)
-        if low_i < -1 or high_i >= total:
-            bad = int(((row_ids < -1) | (row_ids >= total)).nonzero()[0])
-            raise InvalidArgumentError(
-                f"gather row_ids[{bad}] = {int(row_ids[bad])} is out of range: ids must be -1 "
-                f"(not resident) or in [0, {total}) for {num_blocks} blocks of {block_size} rows"
-            )
+        check_row_ids(row_ids, num_blocks, block_size)
     index = row_ids.clamp_min(0)
     if block_step != block_size or offset_step != 1:
         index = torch.div(index, block_size, rounding_mode="floor") * block_step + (index % block_size) * offset_step

@@ -19,7 +19,7 @@ from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.capabilities import KV_FORMATS, Capabilities
 from hisparse_hal.events import HalEvent
 from hisparse_hal.errors import InvalidArgumentError, InvalidDescriptorError
-from hisparse_hal.gather import gather_rows
+from hisparse_hal.gather import check_row_ids, gather_rows
 from hisparse_hal.kv_cache import KVCacheConfig
 from hisparse_hal.regions import Region, SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
@@ -204,22 +204,17 @@ class CpuBackend(HiSparseBackend):
         if graph is None:
             super().gather_resident_rows(source, destination, row_ids)
             return
-        for label, value in (("source", source), ("destination", destination)):
-            if isinstance(value, torch.Tensor) and value.device != _CPU:
-                raise InvalidArgumentError(f"gather {label} is on {value.device}, but backend 'cpu' runs on cpu")
+        self._check_gather_device(source, destination)
         scratch = destination
         if isinstance(destination, torch.Tensor):
             scratch = torch.empty_strided(destination.size(), destination.stride(), dtype=destination.dtype)
         gather_rows(source, scratch, row_ids, check_range=True)
 
         def check() -> None:
-            total = source.shape[0] * source.shape[1]
-            low, high = (int(v) for v in torch.aminmax(row_ids)) if row_ids.numel() else (0, 0)
-            if low < -1 or high >= total:
-                raise InvalidArgumentError(
-                    f"replay: captured gather row_ids now hold {low if low < -1 else high}, out of range "
-                    f"[-1, {total}); nothing was replayed"
-                )
+            try:
+                check_row_ids(row_ids, source.shape[0], source.shape[1])
+            except InvalidArgumentError as error:
+                raise InvalidArgumentError(f"replay: captured {error}; nothing was replayed") from None
 
         graph.record(CapturedOp("gather_resident_rows", lambda: gather_rows(source, destination, row_ids), check))
 
