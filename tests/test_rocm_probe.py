@@ -3,6 +3,8 @@ KFD sysfs topology; the visibility variables are applied as ROCr and the HIP run
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -211,6 +213,111 @@ def test_amdsmi_inventory_shuts_amdsmi_down_even_when_listing_fails():
 def test_amdsmi_inventory_accepts_an_integer_gfx_target():
     inventory = read_amdsmi_inventory(simulated_amdsmi(gpus=(("MI210", 90010),)))
     assert inventory.devices[0].arch == "gfx90a"
+
+
+def test_amdsmi_inventory_records_a_rocm_version_read_as_ok_version_pair():
+    module = simulated_amdsmi()()
+    module.amdsmi_get_rocm_version = lambda: (True, "7.0.2")
+    inventory = read_amdsmi_inventory(lambda: module)
+    assert inventory.facts["rocm_version"] == "7.0.2"
+    assert "rocm_version_error" not in inventory.facts
+
+
+def test_amdsmi_inventory_never_takes_a_failed_rocm_version_message_for_the_version():
+    # amdsmi 7.0.2 reports a missing librocm-core by return value, not by raising.
+    module = simulated_amdsmi()()
+    module.amdsmi_get_rocm_version = lambda: (False, "Could not find librocm-core.so")
+    inventory = read_amdsmi_inventory(lambda: module)
+    assert "rocm_version" not in inventory.facts
+    assert inventory.facts["rocm_version_error"] == "amdsmi_get_rocm_version failed: Could not find librocm-core.so"
+    assert inventory.facts["driver_version"] == "6.16.6"  # the other facts are still read
+    assert len(inventory.devices) == 1
+
+
+def test_probe_facts_carry_the_rocm_version_failure_and_the_backend_gets_no_version(tmp_path):
+    module = simulated_amdsmi()()
+    module.amdsmi_get_rocm_version = lambda: (False, "Failed to unpack ROCm version")
+    result = probe_rocm(rocm_inputs(tmp_path, amdsmi=lambda: module))
+    assert result.available
+    assert "rocm_version" not in result.facts
+    assert result.facts["rocm_version_error"] == "amdsmi_get_rocm_version failed: Failed to unpack ROCm version"
+
+
+def test_amdsmi_inventory_names_the_call_when_a_version_read_raises():
+    module = simulated_amdsmi()()
+
+    def broken(_handle):
+        raise SimulatedAmdSmiError("AMDSMI_STATUS_NOT_SUPPORTED")
+
+    module.amdsmi_get_gpu_driver_info = broken
+    inventory = read_amdsmi_inventory(lambda: module)
+    assert "driver_version" not in inventory.facts
+    assert inventory.facts["driver_version_error"] == (
+        "amdsmi_get_gpu_driver_info failed (SimulatedAmdSmiError: AMDSMI_STATUS_NOT_SUPPORTED)"
+    )
+    assert inventory.facts["rocm_version"] == "7.2.1"
+
+
+def test_amdsmi_inventory_treats_its_not_available_placeholders_as_unknown():
+    # amdsmi 7.0.2 fills empty driver fields with "N/A" and formats an unset gfx target as "gfx0".
+    module = simulated_amdsmi(gpus=(("N/A", "gfx0"),))()
+    module.amdsmi_get_gpu_driver_info = lambda h: {"driver_version": "N/A"}
+    inventory = read_amdsmi_inventory(lambda: module)
+    assert inventory.devices == (GpuDevice(0, "AMD GPU", None),)
+    assert "driver_version" not in inventory.facts
+    assert inventory.facts["driver_version_error"] == "amdsmi_get_gpu_driver_info gave driver_version 'N/A'"
+
+
+FAKE_AMDSMI_WITHOUT_LIBRARY = textwrap.dedent(
+    """
+    # SIMULATED amdsmi package (not AMD software): behaves like amdsmi 7.0.2's amdsmi_wrapper.py when
+    # libamd_smi.so is missing: two print() lines on stdout, then KeyError.
+    print("libamd_smi.so: cannot open shared object file: No such file or directory")
+    print("Unable to find libamd_smi.so library try installing amd-smi-lib from your package manager")
+    _libraries = {}
+    _libraries["libamd_smi.so"]
+    """
+)
+
+
+def test_import_amdsmi_keeps_what_amdsmi_prints_off_stdout_and_logs_it(tmp_path, monkeypatch, capfd, caplog):
+    (tmp_path / "amdsmi").mkdir()
+    (tmp_path / "amdsmi" / "__init__.py").write_text(FAKE_AMDSMI_WITHOUT_LIBRARY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
+    caplog.set_level("DEBUG", logger="hisparse_hal.vendors.rocm.amdsmi_inventory")
+    inventory = read_amdsmi_inventory()
+    assert inventory.error == (
+        "amdsmi is not importable (KeyError: 'libamd_smi.so'); install it with pip install 'hisparse-hal[rocm]'"
+    )
+    assert capfd.readouterr().out == ""
+    assert "Unable to find libamd_smi.so library" in caplog.text
+
+
+def test_info_json_parses_when_amdsmi_prints_while_failing_to_import(tmp_path):
+    fake = tmp_path / "site"
+    (fake / "amdsmi").mkdir(parents=True)
+    (fake / "amdsmi" / "__init__.py").write_text(FAKE_AMDSMI_WITHOUT_LIBRARY)
+    rocm = tmp_path / "rocm"
+    (rocm / "lib").mkdir(parents=True)
+    (rocm / "lib" / "libamdhip64.so").write_text("")  # the probe only checks that the file exists
+    # torch here is a CPU build; claiming HIP makes the ROCm probe go on to import amdsmi.
+    code = textwrap.dedent(
+        """
+        import sys, torch
+        torch.version.hip = "7.0.51831-sim"
+        from hisparse_hal.cli import main
+        sys.exit(main(["info", "--json"]))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
+           "ROCM_PATH": str(rocm)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    rocm_result = next(b for b in payload["backends"] if b["name"] == "rocm")
+    assert "amdsmi is not importable (KeyError: 'libamd_smi.so')" in rocm_result["facts"]["amdsmi_error"]
+    assert "Unable to find libamd_smi.so" not in out.stdout + out.stderr
 
 
 # ----------------------------------------------------------------------------------------- KFD sysfs
