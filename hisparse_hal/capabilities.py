@@ -31,8 +31,13 @@ class Capabilities:
         ipc_event_max_cycles: a known limit on record/wait cycles of one IPC event, or None.
         shared_host_pool: one pinned host pool may be shared by all local tensor-parallel ranks.
         graph_capture: ``capture()`` works and captured operations replay.
-        host_pointer_alias: registered host memory has a device address that may differ from the host
-            address; kernels must use the alias recorded on the registration.
+        host_pointer_alias: kernels on this device may not address registered host memory by its host
+            address. Every registration then records the device address kernels must use
+            (``HostRegistration.device_alias``, per chunk in ``HostChunk.device_alias`` and
+            ``Region.device_alias``); it may equal the host address on some systems. False: the host
+            address is valid on the device and the records carry no alias. Runtime copies take host
+            addresses either way. ROCm: always True (``hipHostGetDevicePointer``); CUDA: True where the
+            device attribute ``CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`` is 0; CPU device: False.
         kv_formats: KV cache formats this device can hold.
         stats_dtype: dtype of the 2-element (hits, misses) device counter.
         versions: runtime versions (and other facts) that decided the values above.

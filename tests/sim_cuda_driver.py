@@ -20,7 +20,12 @@ Documented driver behaviours it reproduces (sources in vendor-facts.md):
 - overlapping or unknown host registrations (``CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`` /
   ``..._NOT_REGISTERED``); one registration of ``max_register_bytes`` or more fails (quirk 5);
 - a registration that fails on a chosen call (``fail_register_call``), to prove rollback;
-- a lost context (``lose_context``): every call returns ``CUDA_ERROR_DEINITIALIZED`` (teardown).
+- a lost context (``lose_context``): every call returns ``CUDA_ERROR_DEINITIALIZED`` (teardown);
+- ``CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`` (91) as chosen by
+  ``host_pointer_usable``; where it is 0, ``cuMemHostGetDevicePointer`` hands back an address that differs
+  from the host pointer (host + :data:`DEVICE_ALIAS_OFFSET`) and fails for a range registered without
+  ``CU_MEMHOSTREGISTER_DEVICEMAP``; where it is 1, it hands back the host pointer (CUDA driver API,
+  cuMemHostGetDevicePointer). Its ``Flags`` must be 0.
 
 Behaviour the real driver leaves unspecified (what is copied when a batch fails) is simplified: a
 failing batch copies nothing.
@@ -35,6 +40,11 @@ from typing import Any, Callable
 import torch
 
 SIZE_MAX = 2**64 - 1
+CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 91
+DEVICEMAP = 0x02
+#: Where the simulated device cannot use host pointers, a registered range's device alias is this far
+#: above its host address (any value that differs works: nothing dereferences the alias).
+DEVICE_ALIAS_OFFSET = 0x7F00_0000_0000
 
 ERROR_NAMES = {
     0: "CUDA_SUCCESS",
@@ -62,6 +72,7 @@ PROTOTYPES = {
     "cuDriverGetVersion": ctypes.CFUNCTYPE(_R, _V),
     "cuGetErrorName": ctypes.CFUNCTYPE(_R, _R, _V),
     "cuDeviceGet": ctypes.CFUNCTYPE(_R, _V, ctypes.c_int),
+    "cuDeviceGetAttribute": ctypes.CFUNCTYPE(_R, _V, ctypes.c_int, ctypes.c_int),
     "cuDevicePrimaryCtxRetain": ctypes.CFUNCTYPE(_R, _V, ctypes.c_int),
     "cuCtxGetCurrent": ctypes.CFUNCTYPE(_R, _V),
     "cuCtxPushCurrent_v2": ctypes.CFUNCTYPE(_R, _V),
@@ -69,6 +80,7 @@ PROTOTYPES = {
     "cuMemcpyAsync": ctypes.CFUNCTYPE(_R, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, _V),
     "cuMemHostRegister_v2": ctypes.CFUNCTYPE(_R, _V, ctypes.c_size_t, ctypes.c_uint),
     "cuMemHostUnregister": ctypes.CFUNCTYPE(_R, _V),
+    "cuMemHostGetDevicePointer_v2": ctypes.CFUNCTYPE(_R, _V, _V, ctypes.c_uint),
     "cuGetProcAddress_v2": ctypes.CFUNCTYPE(_R, ctypes.c_char_p, _V, ctypes.c_int, ctypes.c_uint64, _V),
 }
 # cuMemcpyBatchAsync at the 12.8 ABI (with failIdx) and the 13.0 _v2 ABI (without).
@@ -93,6 +105,8 @@ class SimulatedCudaDriver:
         crash_above: a batch with more descriptors than this poisons the context (None: never).
         fail_register_call: the 1-based ``cuMemHostRegister`` call that fails with out-of-memory.
         max_register_bytes: one registration of at least this many bytes fails (None: no limit).
+        host_pointer_usable: the value of device attribute 91 (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM).
+        device_pointer_error: an error name every ``cuMemHostGetDevicePointer`` returns (None: none).
     """
 
     def __init__(
@@ -103,12 +117,16 @@ class SimulatedCudaDriver:
         crash_above: int | None = None,
         fail_register_call: int | None = None,
         max_register_bytes: int | None = None,
+        host_pointer_usable: bool = True,
+        device_pointer_error: str | None = None,
     ) -> None:
         self.driver_version = driver_version
         self.device_count = device_count
         self.crash_above = crash_above
         self.fail_register_call = fail_register_call
         self.max_register_bytes = max_register_bytes
+        self.host_pointer_usable = host_pointer_usable
+        self.device_pointer_error = device_pointer_error
         #: Every call: (symbol, details dict).
         self.calls: list[tuple[str, dict[str, Any]]] = []
         #: Exceptions raised inside callbacks (a callback must never raise into C); tests assert empty.
@@ -229,6 +247,18 @@ class SimulatedCudaDriver:
         if not 0 <= ordinal < self.device_count:
             return CODES["CUDA_ERROR_INVALID_DEVICE"]
         self._write_int(out, ordinal)
+        return 0
+
+    def _cuDeviceGetAttribute(self, out: int | None, attribute: int, device: int) -> int:
+        self.calls.append(("cuDeviceGetAttribute", {"attribute": attribute, "device": device}))
+        status = self._gate(needs_context=False)
+        if status:
+            return status
+        if not 0 <= device < self.device_count:
+            return CODES["CUDA_ERROR_INVALID_DEVICE"]
+        if not out or attribute != CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
+            return CODES["CUDA_ERROR_INVALID_VALUE"]  # the only attribute the simulator knows
+        self._write_int(out, int(self.host_pointer_usable))
         return 0
 
     def _cuDevicePrimaryCtxRetain(self, out: int | None, device: int) -> int:
@@ -374,3 +404,23 @@ class SimulatedCudaDriver:
             return CODES["CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"]
         del self.registered[address]
         return 0
+
+    def _cuMemHostGetDevicePointer_v2(self, out: int | None, address: int | None, flags: int) -> int:
+        status = self._gate(needs_context=True)
+        self.calls.append(("cuMemHostGetDevicePointer", {"address": address or 0, "flags": flags}))
+        if status:
+            return status
+        if self.device_pointer_error is not None:
+            return CODES[self.device_pointer_error]
+        if not out or not address or flags != 0:
+            return CODES["CUDA_ERROR_INVALID_VALUE"]
+        for start, (length, registered_flags) in self.registered.items():
+            if start <= address < start + length:
+                if self.host_pointer_usable:
+                    ctypes.c_uint64.from_address(out).value = address
+                    return 0
+                if not registered_flags & DEVICEMAP:
+                    return CODES["CUDA_ERROR_INVALID_VALUE"]  # not mapped into the device's address space
+                ctypes.c_uint64.from_address(out).value = address + DEVICE_ALIAS_OFFSET
+                return 0
+        return CODES["CUDA_ERROR_INVALID_VALUE"]

@@ -14,7 +14,7 @@ import mmap
 
 import pytest
 import torch
-from sim_cuda_driver import SimulatedCudaDriver
+from sim_cuda_driver import DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
 
 from hisparse_hal import KVCacheConfig, LayerSpec
 from hisparse_hal.errors import (
@@ -26,6 +26,7 @@ from hisparse_hal.errors import (
     UnsupportedCapabilityError,
 )
 from hisparse_hal.registry import ProbeResult
+from hisparse_hal.vendors.cuda import driver as driver_module
 from hisparse_hal.vendors.cuda.backend import CudaBackend
 from hisparse_hal.vendors.cuda.capabilities import BATCH_CAP_ENV
 from hisparse_hal.vendors.cuda.driver import CudaDriver
@@ -205,10 +206,36 @@ def test_pin_registers_in_page_and_block_aligned_chunks_below_the_driver_limit()
     assert all(c["flags"] == 0x01 for c in calls)
     record = backend.host_registration(host)
     assert len(record.chunks) == len(sizes) and record.page_locked and record.device_alias is None
+    assert backend.capabilities.host_pointer_alias is False  # attribute 91 is 1 on the default simulator
+    assert all(chunk.device_alias is None for chunk in record.chunks)
     backend.unpin_tensor(host)
     assert sim.registered == {}
     unregistered = [c["address"] for c in sim.calls_to("cuMemHostUnregister")]
     assert unregistered == sorted(unregistered, reverse=True)  # chunk by chunk, in reverse
+
+
+def test_pin_on_a_device_without_host_pointer_access_records_every_chunks_device_alias() -> None:
+    backend, sim = make_backend(host_pointer_usable=False)
+    assert backend.capabilities.host_pointer_alias is True
+    assert any("CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0" in note for note in backend.capabilities.notes)
+    backend.host_chunk_bytes = 16 * 1024
+    host = torch.zeros(12, 4096, dtype=torch.uint8)
+    backend.pin_tensor(host)
+    assert all(c["flags"] == 0x03 for c in sim.calls_to("cuMemHostRegister"))  # PORTABLE | DEVICEMAP
+    record = backend.host_registration(host)
+    assert len(record.chunks) == 3
+    assert [c.device_alias for c in record.chunks] == [c.address + DEVICE_ALIAS_OFFSET for c in record.chunks]
+    assert record.device_alias == host.data_ptr() + DEVICE_ALIAS_OFFSET != host.data_ptr()
+    regions = sorted((r for r in backend.regions if r.kind == "pinned_host"), key=lambda r: r.start)
+    assert [r.device_alias for r in regions] == [c.device_alias for c in record.chunks]
+
+
+def test_swaps_keep_host_addresses_on_a_device_that_needs_device_aliases() -> None:
+    backend, sim = make_backend(host_pointer_usable=False)
+    pool = Pool(backend, sim)
+    backend.swap_blocks_batch(*pool.spill([0, 5, 9], [1, 2, 3]))
+    assert torch.equal(pool.host[1:4], pool.device_blocks()[[0, 5, 9]])
+    assert sim.callback_errors == []
 
 
 def test_pin_failing_halfway_rolls_back_every_registered_chunk() -> None:
@@ -337,14 +364,22 @@ def _probe_result(facts: dict) -> ProbeResult:
     return ProbeResult("cuda", 100, True, "test", facts)
 
 
-def test_from_probe_plans_from_the_probed_driver_and_torchs_device_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("host_pointer_usable", [True, False])
+def test_from_probe_plans_from_the_probed_driver_torchs_device_capability_and_the_host_pointer_attribute(
+    monkeypatch: pytest.MonkeyPatch, host_pointer_usable: bool
+) -> None:
+    sim = SimulatedCudaDriver(12090, device_count=2, host_pointer_usable=host_pointer_usable)
+    monkeypatch.setattr(driver_module, "load_libcuda", lambda: sim)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0) if index == 1 else (8, 0))
     backend = CudaBackend.from_probe(_probe_result({"driver_version": 12090}))
     assert backend.device == torch.device("cuda", 1) and backend.device_index == 1
     assert backend.capabilities.batch_copy == "native"
     assert dict(backend.capabilities.versions) == {"driver": "12.9", "driver_api": "12090", "arch": "sm_90", "batch_cap": "default"}
-    assert isinstance(backend.runtime, CudaDriver) and backend.runtime.device_ordinal == 1  # libcuda not loaded yet
+    assert isinstance(backend.runtime, CudaDriver) and backend.runtime.device_ordinal == 1
+    assert sim.calls_to("cuDeviceGetAttribute") == [{"attribute": 91, "device": 1}]
+    assert backend.capabilities.host_pointer_alias is (not host_pointer_usable)
+    assert sim.calls_to("cuDevicePrimaryCtxRetain") == []  # building the backend creates no context
 
 
 def test_from_probe_without_a_driver_version_is_unavailable() -> None:

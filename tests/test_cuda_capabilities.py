@@ -47,6 +47,16 @@ def test_plan_uses_native_batch_copy_from_driver_12_8(driver_version: int, batch
     assert ("cuMemcpyBatchAsync" in joined) and (("vLLM #38460" in joined) is not native)
 
 
+def test_plan_records_the_host_pointer_alias_the_device_attribute_asks_for() -> None:
+    caps = plan_capabilities(12080, "sm_90", host_pointer_alias=True)
+    assert caps.host_pointer_alias is True
+    assert any("CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0" in note and "cuMemHostGetDevicePointer" in note
+               for note in caps.notes)
+    default = plan_capabilities(12080, "sm_90")
+    assert default.host_pointer_alias is False
+    assert not any("CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM" in note for note in default.notes)
+
+
 def test_plan_notes_that_a_pre_12_driver_is_below_the_supported_minimum() -> None:
     assert any("older than the supported minimum 12.0" in note for note in plan_capabilities(11080, "sm_80").notes)
 

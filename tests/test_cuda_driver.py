@@ -11,7 +11,7 @@ import ctypes
 
 import pytest
 import torch
-from sim_cuda_driver import CODES, SimulatedCudaDriver
+from sim_cuda_driver import CODES, DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
 
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError
 from hisparse_hal.regions import Region, RegionTable, SwapBatch
@@ -186,7 +186,7 @@ def test_registration_is_portable_and_double_registration_is_a_named_error() -> 
     sim = SimulatedCudaDriver(12080)
     driver = CudaDriver(0, sim)
     host = torch.zeros(4096, dtype=torch.uint8)
-    assert driver.register_host(host.data_ptr(), 4096) is None  # UVA: no alias
+    assert driver.register_host(host.data_ptr(), 4096) is None  # attribute 91 set: no alias
     assert sim.registered[host.data_ptr()] == (4096, 0x01)  # CU_MEMHOSTREGISTER_PORTABLE
     with pytest.raises(DeviceRuntimeError, match=r"cuMemHostRegister failed with CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED \(712\): registering 4096 bytes"):
         driver.register_host(host.data_ptr(), 4096)
@@ -195,6 +195,56 @@ def test_registration_is_portable_and_double_registration_is_a_named_error() -> 
     with pytest.raises(DeviceRuntimeError, match="cuMemHostUnregister failed with CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED") as info:
         driver.unregister_host(host.data_ptr())
     assert not driver.is_context_lost(info.value)
+
+
+def test_registration_returns_the_device_alias_where_the_device_cannot_use_host_pointers() -> None:
+    sim = SimulatedCudaDriver(12080, host_pointer_usable=False)
+    driver = CudaDriver(0, sim)
+    host = torch.zeros(8192, dtype=torch.uint8)
+    alias = driver.register_host(host.data_ptr(), 8192)
+    assert alias == host.data_ptr() + DEVICE_ALIAS_OFFSET != host.data_ptr()
+    assert sim.registered[host.data_ptr()] == (8192, 0x03)  # PORTABLE | DEVICEMAP
+    assert sim.calls_to("cuMemHostGetDevicePointer") == [{"address": host.data_ptr(), "flags": 0}]
+
+
+def test_host_pointer_attribute_is_read_once_for_the_drivers_device_without_a_context() -> None:
+    sim = SimulatedCudaDriver(12080, device_count=2, host_pointer_usable=False)
+    driver = CudaDriver(1, sim)
+    assert driver.host_pointer_usable_on_device() is False
+    assert driver.host_pointer_usable_on_device() is False
+    assert sim.calls_to("cuDeviceGetAttribute") == [{"attribute": 91, "device": 1}]
+    assert sim.calls_to("cuDevicePrimaryCtxRetain") == []
+    assert CudaDriver(0, SimulatedCudaDriver(12080)).host_pointer_usable_on_device() is True
+
+
+def test_registration_never_asks_for_an_alias_where_host_pointers_are_usable() -> None:
+    sim = SimulatedCudaDriver(12080, host_pointer_usable=True)
+    driver = CudaDriver(0, sim)
+    host = torch.zeros(4096, dtype=torch.uint8)
+    assert driver.register_host(host.data_ptr(), 4096) is None
+    assert sim.calls_to("cuMemHostGetDevicePointer") == []
+
+
+def test_failed_alias_query_releases_the_registration_and_names_the_call() -> None:
+    sim = SimulatedCudaDriver(12080, host_pointer_usable=False, device_pointer_error="CUDA_ERROR_OUT_OF_MEMORY")
+    driver = CudaDriver(0, sim)
+    host = torch.zeros(4096, dtype=torch.uint8)
+    with pytest.raises(
+        DeviceRuntimeError,
+        match=r"cuMemHostGetDevicePointer failed with CUDA_ERROR_OUT_OF_MEMORY \(2\): device alias of 0x[0-9a-f]+ "
+              r"\(\+4096 bytes\); the registration was released",
+    ):
+        driver.register_host(host.data_ptr(), 4096)
+    assert sim.registered == {}
+    assert sim.calls_to("cuMemHostUnregister") == [{"address": host.data_ptr()}]
+    assert sim.calls_to("cuCtxPopCurrent") and sim._stack() == []  # the context was popped
+
+
+def test_host_pointer_attribute_query_on_a_bad_ordinal_is_a_typed_error() -> None:
+    driver = CudaDriver(3, SimulatedCudaDriver(12080, device_count=1))
+    expected = "cuDeviceGet failed with CUDA_ERROR_INVALID_DEVICE .*device ordinal 3"
+    with pytest.raises(DeviceRuntimeError, match=expected):
+        driver.host_pointer_usable_on_device()
 
 
 def test_lost_context_is_recognised() -> None:

@@ -312,7 +312,9 @@ def test_info_json_parses_when_amdsmi_prints_while_failing_to_import(tmp_path):
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
            "ROCM_PATH": str(rocm)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
+    )
     assert out.returncode == 0, out.stderr
     payload = json.loads(out.stdout)
     rocm_result = next(b for b in payload["backends"] if b["name"] == "rocm")

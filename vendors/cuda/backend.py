@@ -1,8 +1,9 @@
 """``CudaBackend``: the HiSparse contract on NVIDIA GPUs, the shared GPU layer plus what CUDA decides.
 
 Only what differs from ROCm lives here: the CUDA driver binding, the capability plan from the probed
-driver version and architecture, and picking the device. Constructing it creates no device context;
-the first pin or swap does (through the primary context torch also uses).
+driver version, architecture and host-pointer attribute, and picking the device. Constructing it
+initialises the driver (``cuInit``) but creates no device context; the first pin or swap does (through
+the primary context torch also uses).
 """
 
 from __future__ import annotations
@@ -49,15 +50,26 @@ class CudaBackend(TorchGpuBackend):
             driver_version: ``cuDriverGetVersion`` encoding (12080 = 12.8).
             arch: ``"sm_90"``.
             runtime: the copy runtime; default a :class:`CudaDriver` over ``libcuda.so.1``. Tests pass
-                one over the simulated driver.
+                one over the simulated driver. A :class:`CudaDriver` is asked whether kernels may use
+                registered host pointers (``capabilities.host_pointer_alias`` is the opposite); any other
+                runtime is taken to return no aliases.
             device: override of the KV-cache device (tests only; default ``cuda:<device_index>``).
             max_batch_descriptors: descriptor cap; default from ``HISPARSE_HAL_CUDA_MAX_BATCH`` or 8192.
 
         Raises:
             InvalidArgumentError: a bad driver version, architecture or cap.
+            BackendUnavailableError: libcuda could not be loaded.
+            DeviceRuntimeError: the driver failed to initialise or to report the device attribute.
         """
-        capabilities = plan_capabilities(driver_version, arch, max_batch_descriptors=max_batch_descriptors)
-        return cls(capabilities, runtime if runtime is not None else CudaDriver(device_index), device_index, device=device)
+        runtime = runtime if runtime is not None else CudaDriver(device_index)
+        # Registered host memory is addressable by its host pointer only where the device attribute
+        # CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is set (CUDA driver API, cuDeviceGetAttribute and
+        # cuMemHostRegister); elsewhere the driver's register_host returns the device alias.
+        alias = isinstance(runtime, CudaDriver) and not runtime.host_pointer_usable_on_device()
+        capabilities = plan_capabilities(
+            driver_version, arch, max_batch_descriptors=max_batch_descriptors, host_pointer_alias=alias
+        )
+        return cls(capabilities, runtime, device_index, device=device)
 
     @classmethod
     def from_probe(cls, probe: "ProbeResult") -> "CudaBackend":

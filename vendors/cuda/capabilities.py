@@ -78,6 +78,7 @@ def plan_capabilities(
     arch: str,
     *,
     max_batch_descriptors: int | None = None,
+    host_pointer_alias: bool = False,
 ) -> Capabilities:
     """Decide the CUDA backend's capabilities for one device.
 
@@ -87,10 +88,13 @@ def plan_capabilities(
         arch: the device's architecture, ``"sm_90"``.
         max_batch_descriptors: the per-call descriptor cap; None reads ``HISPARSE_HAL_CUDA_MAX_BATCH``
             and falls back to :data:`DEFAULT_MAX_BATCH`.
+        host_pointer_alias: True where the device's ``CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM``
+            is 0, so kernels must use ``cuMemHostGetDevicePointer``'s address (read by
+            :meth:`~hisparse_hal.vendors.cuda.driver.CudaDriver.host_pointer_usable_on_device`).
 
     Returns:
         The :class:`Capabilities`: native batch copy from 12.8 (per-copy loop before), the cap, IPC
-        events, graph capture, a shareable host pool, no host-pointer alias (UVA), OCP fp8 formats.
+        events, graph capture, a shareable host pool, ``host_pointer_alias`` as given, OCP fp8 formats.
 
     Raises:
         InvalidArgumentError: a non-positive or non-int driver version, a malformed architecture, or
@@ -139,6 +143,12 @@ def plan_capabilities(
         f"at most {cap} descriptors per batch call ({cap_source}); a CUDA 13.0 driver crashed at 51,828 "
         f"(vLLM #49276); set {BATCH_CAP_ENV} to change it"
     )
+    if host_pointer_alias:
+        notes.append(
+            "the device cannot use host pointers of registered memory (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM "
+            "is 0): every registration records cuMemHostGetDevicePointer's address for kernels (CUDA driver "
+            "API, cuMemHostRegister)"
+        )
     if driver_version < MIN_DRIVER:
         notes.append(f"driver {driver} is older than the supported minimum {format_driver_version(MIN_DRIVER)}")
 
@@ -149,7 +159,7 @@ def plan_capabilities(
         ipc_event_max_cycles=None,
         shared_host_pool=True,
         graph_capture=True,
-        host_pointer_alias=False,  # UVA: a registered host pointer is its own device address
+        host_pointer_alias=host_pointer_alias,
         kv_formats=CUDA_KV_FORMATS,
         versions={"driver": driver, "driver_api": str(driver_version), "arch": arch, "batch_cap": cap_source},
         copy_attributes=native,

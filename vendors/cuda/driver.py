@@ -1,10 +1,11 @@
 """The only module that talks to the CUDA driver: ctypes over ``libcuda.so.1``, loaded on first use.
 
 Invariants: every return code is checked and becomes a ``DeviceRuntimeError`` carrying the driver's
-error name (an unchecked error would surface later at an unrelated call, xcena maru #64); every call
-runs with the device's primary context current (the one torch's runtime uses), pushed and popped only
-when another context is current; the batch path hands the descriptor tensors' memory to the driver as
-is, with no per-descriptor Python.
+error name (an unchecked error would surface later at an unrelated call, xcena maru #64); every copy and
+registration runs with the device's primary context current (the one torch's runtime uses), pushed and
+popped only when another context is current (device queries need none); the batch path hands the
+descriptor tensors' memory to the driver as is, with no per-descriptor Python; registered host memory
+yields a device alias exactly where the device cannot use its host pointer.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "LIBCUDA_CANDIDATES",
     "CONTEXT_LOST_ERRORS",
     "CU_MEMCPY_SRC_ACCESS_ORDER_STREAM",
+    "CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM",
     "BATCH_ABI_VERSION",
     "SIZE_MAX",
 ]
@@ -53,6 +55,11 @@ BATCH_ABI_VERSION = 12080
 CU_GET_PROC_ADDRESS_DEFAULT = 0
 CU_GET_PROC_ADDRESS_SUCCESS = 0
 CU_MEMHOSTREGISTER_PORTABLE = 0x01
+CU_MEMHOSTREGISTER_DEVICEMAP = 0x02
+#: Non-zero when the device may address memory registered with cuMemHostRegister by its host pointer;
+#: zero means kernels must use cuMemHostGetDevicePointer's address (CUDA driver API, cuDeviceGetAttribute
+#: and cuMemHostRegister / cuMemHostGetDevicePointer).
+CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 91
 CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 0x1
 CU_MEMCPY_FLAG_DEFAULT = 0x0
 
@@ -100,6 +107,8 @@ _PROTOTYPES: dict[str, Any] = {
     "cuDriverGetVersion": ctypes.CFUNCTYPE(_CUresult, _P),
     "cuGetErrorName": ctypes.CFUNCTYPE(_CUresult, _CUresult, _P),
     "cuDeviceGet": ctypes.CFUNCTYPE(_CUresult, _P, ctypes.c_int),
+    # cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+    "cuDeviceGetAttribute": ctypes.CFUNCTYPE(_CUresult, _P, ctypes.c_int, ctypes.c_int),
     "cuDevicePrimaryCtxRetain": ctypes.CFUNCTYPE(_CUresult, _P, ctypes.c_int),
     "cuCtxGetCurrent": ctypes.CFUNCTYPE(_CUresult, _P),
     "cuCtxPushCurrent_v2": ctypes.CFUNCTYPE(_CUresult, _P),
@@ -109,6 +118,8 @@ _PROTOTYPES: dict[str, Any] = {
     # cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
     "cuMemHostRegister_v2": ctypes.CFUNCTYPE(_CUresult, _P, ctypes.c_size_t, ctypes.c_uint),
     "cuMemHostUnregister": ctypes.CFUNCTYPE(_CUresult, _P),
+    # cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags), Flags must be 0
+    "cuMemHostGetDevicePointer_v2": ctypes.CFUNCTYPE(_CUresult, _P, _P, ctypes.c_uint),
     # cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
     #                  CUdriverProcAddressQueryResult *symbolStatus)   (CUDA 12 signature)
     "cuGetProcAddress_v2": ctypes.CFUNCTYPE(_CUresult, ctypes.c_char_p, _P, ctypes.c_int, ctypes.c_uint64, _P),
@@ -172,6 +183,7 @@ class CudaDriver:
         self._batch: Any | None = None
         self._batch_resolved = False
         self._driver_version: int | None = None
+        self._host_pointer_usable: bool | None = None
         # One attribute entry for every copy: read sources in stream order (vLLM #39306).
         self._attributes = CUmemcpyAttributes(srcAccessOrder=CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, flags=CU_MEMCPY_FLAG_DEFAULT)
         self._attribute_index = ctypes.c_size_t(0)
@@ -216,15 +228,40 @@ class CudaDriver:
         """Whether ``error`` means the context is destroyed, the driver shut down, or a sticky fault."""
         return error.error_name in CONTEXT_LOST_ERRORS
 
+    def host_pointer_usable_on_device(self) -> bool:
+        """Whether kernels on this device may use a registered host range's own address.
+
+        Reads ``CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`` once (``cuInit``,
+        ``cuDeviceGet``, ``cuDeviceGetAttribute``; no context is created). Where it is 0, the device
+        reaches registered memory only through ``cuMemHostGetDevicePointer``'s address, which differs
+        from the host address (CUDA driver API, cuDeviceGetAttribute and cuMemHostRegister).
+
+        Raises:
+            DeviceRuntimeError: a bad ordinal or a failed attribute query, with the driver's error name.
+        """
+        if self._host_pointer_usable is None:
+            value = ctypes.c_int()
+            code = self._functions()["cuDeviceGetAttribute"](
+                ctypes.byref(value), CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, self._device()
+            )
+            self._check("cuDeviceGetAttribute", code,
+                        f"CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM of device ordinal {self.device_ordinal}")
+            self._host_pointer_usable = value.value != 0
+        return self._host_pointer_usable
+
+    def _device(self) -> int:
+        device = ctypes.c_int()
+        self._check("cuDeviceGet", self._functions()["cuDeviceGet"](ctypes.byref(device), self.device_ordinal),
+                    f"device ordinal {self.device_ordinal}")
+        return device.value
+
     # ----------------------------------------------------------------- context
     def _primary_context(self) -> int:
         if self._context is None:
             fns = self._functions()
-            device = ctypes.c_int()
-            self._check("cuDeviceGet", fns["cuDeviceGet"](ctypes.byref(device), self.device_ordinal),
-                        f"device ordinal {self.device_ordinal}")
+            device = self._device()
             context = ctypes.c_void_p()
-            self._check("cuDevicePrimaryCtxRetain", fns["cuDevicePrimaryCtxRetain"](ctypes.byref(context), device.value),
+            self._check("cuDevicePrimaryCtxRetain", fns["cuDevicePrimaryCtxRetain"](ctypes.byref(context), device),
                         f"device ordinal {self.device_ordinal}")
             self._context = context.value
         return self._context  # type: ignore[return-value]
@@ -349,16 +386,39 @@ class CudaDriver:
 
     # ----------------------------------------------------------------- host registration
     def register_host(self, address: int, size: int) -> int | None:
-        """``cuMemHostRegister(address, size, CU_MEMHOSTREGISTER_PORTABLE)``; returns None (under UVA
-        the host address is also the device address).
+        """``cuMemHostRegister(address, size, flags)``, plus the device alias where the device needs one.
+
+        Where :meth:`host_pointer_usable_on_device` is True the flags are ``PORTABLE`` and the result is
+        None: kernels may use ``address`` itself. Where it is False the flags add ``DEVICEMAP`` (the
+        mapping ``cuMemHostGetDevicePointer`` reads) and the result is
+        ``cuMemHostGetDevicePointer(address, 0)``, the address kernels must use (CUDA driver API,
+        cuMemHostRegister). Runtime copies take the host address either way.
+
+        Returns:
+            The device alias of ``address``, or None when the host address is valid on the device.
 
         Raises:
-            DeviceRuntimeError: the driver refused (e.g. already registered, or out of memory).
+            DeviceRuntimeError: the driver refused the registration (e.g. already registered, or out
+                of memory), or the alias query failed (the range is then released again).
         """
+        usable = self.host_pointer_usable_on_device()
+        flags = CU_MEMHOSTREGISTER_PORTABLE if usable else CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP
         with self.current_context() as fns:
-            self._check("cuMemHostRegister", fns["cuMemHostRegister_v2"](address, size, CU_MEMHOSTREGISTER_PORTABLE),
+            self._check("cuMemHostRegister", fns["cuMemHostRegister_v2"](address, size, flags),
                         f"registering {size} bytes at {address:#x}")
-        return None
+            if usable:
+                return None
+            alias = ctypes.c_uint64(0)
+            code = fns["cuMemHostGetDevicePointer_v2"](ctypes.byref(alias), address, 0)
+            if code != CUDA_SUCCESS:
+                # A registration whose device address is unknown is useless to kernels: release it.
+                release = fns["cuMemHostUnregister"](address)
+                outcome = "the registration was released"
+                if release != CUDA_SUCCESS:  # keep the alias error; say why the range stays registered
+                    outcome = f"releasing the registration failed too ({self.error_name(release)})"
+                self._check("cuMemHostGetDevicePointer", code,
+                            f"device alias of {address:#x} (+{size} bytes); {outcome}")
+        return int(alias.value)
 
     def unregister_host(self, address: int) -> None:
         """``cuMemHostUnregister(address)``.
