@@ -241,9 +241,10 @@ class HiSparseBackend:
         For memory the backend did not pin and no cache view covers (a staging buffer, say).
 
         Raises:
-            InvalidArgumentError: non-positive size, negative address, or overlap with a known region.
+            InvalidArgumentError: address or size not an int (a bool is refused), non-positive size,
+                negative address, a range past the int64 address space, or overlap with a known region.
         """
-        if not isinstance(address, int) or not isinstance(size, int):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (address, size)):
             raise InvalidArgumentError(f"register_region: address and size must be ints, got {address!r}, {size!r}")
         region = Region(address, size, "explicit", label or f"explicit {address:#x}", device or self.device)
         with self._lock:
