@@ -19,7 +19,7 @@ import torch
 from .capabilities import Capabilities
 from .errors import InvalidArgumentError, UnsupportedCapabilityError
 from .events import CapturedGraph, HalEvent
-from .gather import gather_rows
+from .gather import check_gather_destination, gather_rows
 from .host_registration import (
     PAGE_BYTES,
     HostRegistration,
@@ -354,17 +354,22 @@ class HiSparseBackend:
         stream. Outside a capture, ids are range-checked first.
 
         Raises:
-            InvalidArgumentError: bad types, devices, shapes, or an id out of range (naming it).
+            InvalidArgumentError: bad types, devices, shapes, a destination overlapping the source or
+                requiring grad, or an id out of range (naming it).
         """
         self._check_gather_device(source, destination)
         gather_rows(source, destination, row_ids, check_range=not self.is_current_stream_capturing())
 
     def _check_gather_device(self, source: object, destination: object) -> None:
+        """The checks that read no data: both tensors on this device, and a writable destination apart
+        from the source (also run where the gather itself is only recorded, as in a capture)."""
         for name, value in (("source", source), ("destination", destination)):
             if isinstance(value, torch.Tensor) and value.device != self.device:
                 raise InvalidArgumentError(
                     f"gather {name} is on {value.device}, but backend {self.name!r} runs on {self.device}"
                 )
+        if isinstance(source, torch.Tensor) and isinstance(destination, torch.Tensor):
+            check_gather_destination(source, destination)
 
     # ----------------------------------------------------------------- graphs and events
     def is_current_stream_capturing(self) -> bool:
