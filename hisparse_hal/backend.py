@@ -332,6 +332,13 @@ class HiSparseBackend:
         region). The descriptor arrays may be reused once this returns; the data must stay valid until
         the stream reaches the copy. Batches over ``capabilities.max_batch_descriptors`` are chunked.
 
+        Overlapping descriptors (a destination overlapping another descriptor's source or destination,
+        or its own source) are accepted: every byte they touch is inside a known region, so they cannot
+        corrupt memory outside the batch's destinations. Their result is defined only on the CPU device
+        (in order, each like memmove); vendor batch calls run one batch's copies in no set order
+        ("dependent copies within a batch will result in undefined behavior", cuMemcpyBatchAsync), so an
+        engine must issue dependent copies in separate calls.
+
         Raises:
             InvalidDescriptorError: naming the first bad descriptor; nothing was copied.
             DeviceRuntimeError: the vendor's copy call failed.
