@@ -107,8 +107,7 @@ def test_gather_into_the_source_is_refused_when_called_and_when_captured(backend
     before = source.clone()
     with pytest.raises(InvalidArgumentError, match="overlaps the source's byte span"):
         backend.gather_resident_rows(source, destination, torch.tensor([0, 1]))
-    with backend.capture() as graph:
-        with pytest.raises(InvalidArgumentError, match="overlaps the source's byte span"):
-            backend.gather_resident_rows(source, destination, torch.tensor([0, 1]))
+    with backend.capture() as graph, pytest.raises(InvalidArgumentError, match="overlaps the source's byte span"):
+        backend.gather_resident_rows(source, destination, torch.tensor([0, 1]))
     assert graph.operations == ()
     assert torch.equal(source, before)
