@@ -97,7 +97,8 @@ def test_gather_into_a_destination_overlapping_the_source_is_a_typed_error_and_w
     destination = storage.view(48, 8)[rows]
     before = storage.clone()
     start = destination.data_ptr()
-    with pytest.raises(InvalidArgumentError, match=rf"gather destination \[{start:#x}, {start + 64:#x}\) overlaps the source"):
+    expected = rf"gather destination \[{start:#x}, {start + 64:#x}\) overlaps the source"
+    with pytest.raises(InvalidArgumentError, match=expected):
         gather_rows(source, destination, _ids([10, 20]))
     assert torch.equal(storage, before)
 

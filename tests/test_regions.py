@@ -104,7 +104,8 @@ def test_chunks_split_at_cap_and_keep_order():
 @pytest.mark.parametrize("start,size", [(BASE, 2**64), (2**63 - 10, 100), (2**64, 5)])
 def test_region_ending_past_the_int64_address_space_is_rejected_and_not_kept(start, size):
     table = _table()
-    with pytest.raises(InvalidArgumentError, match=rf"region 'huge' \[{start:#x}, {start + size:#x}\) ends beyond the largest"):
+    expected = rf"region 'huge' \[{start:#x}, {start + size:#x}\) ends beyond the largest"
+    with pytest.raises(InvalidArgumentError, match=expected):
         table.add(Region(start, size, "explicit", "huge"))
     assert [r.label for r in table] == ["cache", "pool"]
     # The table still checks descriptors (no stale lookup arrays).
