@@ -19,7 +19,7 @@ import torch
 from .capabilities import Capabilities
 from .errors import InvalidArgumentError, UnsupportedCapabilityError
 from .events import CapturedGraph, HalEvent
-from .gather import gather_rows
+from .gather import check_gather_destination, gather_rows
 from .host_registration import (
     PAGE_BYTES,
     HostRegistration,
@@ -241,9 +241,10 @@ class HiSparseBackend:
         For memory the backend did not pin and no cache view covers (a staging buffer, say).
 
         Raises:
-            InvalidArgumentError: non-positive size, negative address, or overlap with a known region.
+            InvalidArgumentError: address or size not an int (a bool is refused), non-positive size,
+                negative address, a range past the int64 address space, or overlap with a known region.
         """
-        if not isinstance(address, int) or not isinstance(size, int):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (address, size)):
             raise InvalidArgumentError(f"register_region: address and size must be ints, got {address!r}, {size!r}")
         region = Region(address, size, "explicit", label or f"explicit {address:#x}", device or self.device)
         with self._lock:
@@ -331,6 +332,13 @@ class HiSparseBackend:
         region). The descriptor arrays may be reused once this returns; the data must stay valid until
         the stream reaches the copy. Batches over ``capabilities.max_batch_descriptors`` are chunked.
 
+        Overlapping descriptors (a destination overlapping another descriptor's source or destination,
+        or its own source) are accepted: every byte they touch is inside a known region, so they cannot
+        corrupt memory outside the batch's destinations. Their result is defined only on the CPU device
+        (in order, each like memmove); vendor batch calls run one batch's copies in no set order
+        ("dependent copies within a batch will result in undefined behavior", cuMemcpyBatchAsync), so an
+        engine must issue dependent copies in separate calls.
+
         Raises:
             InvalidDescriptorError: naming the first bad descriptor; nothing was copied.
             DeviceRuntimeError: the vendor's copy call failed.
@@ -353,17 +361,22 @@ class HiSparseBackend:
         stream. Outside a capture, ids are range-checked first.
 
         Raises:
-            InvalidArgumentError: bad types, devices, shapes, or an id out of range (naming it).
+            InvalidArgumentError: bad types, devices, shapes, a destination overlapping the source or
+                requiring grad, or an id out of range (naming it).
         """
         self._check_gather_device(source, destination)
         gather_rows(source, destination, row_ids, check_range=not self.is_current_stream_capturing())
 
     def _check_gather_device(self, source: object, destination: object) -> None:
+        """The checks that read no data: both tensors on this device, and a writable destination apart
+        from the source (also run where the gather itself is only recorded, as in a capture)."""
         for name, value in (("source", source), ("destination", destination)):
             if isinstance(value, torch.Tensor) and value.device != self.device:
                 raise InvalidArgumentError(
                     f"gather {name} is on {value.device}, but backend {self.name!r} runs on {self.device}"
                 )
+        if isinstance(source, torch.Tensor) and isinstance(destination, torch.Tensor):
+            check_gather_destination(source, destination)
 
     # ----------------------------------------------------------------- graphs and events
     def is_current_stream_capturing(self) -> bool:

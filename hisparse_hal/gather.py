@@ -13,7 +13,7 @@ import torch
 
 from .errors import InvalidArgumentError
 
-__all__ = ["check_row_ids", "gather_rows", "reference_gather_rows", "source_row_view"]
+__all__ = ["check_gather_destination", "check_row_ids", "gather_rows", "reference_gather_rows", "source_row_view"]
 
 
 def source_row_view(source: torch.Tensor, destination_dtype: torch.dtype) -> tuple[torch.Tensor, int, int]:
@@ -82,6 +82,36 @@ def _check_gather_args(source: torch.Tensor, destination: torch.Tensor, row_ids:
         )
 
 
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """``[first, last + 1)``: the bytes a (possibly strided) tensor's elements can touch."""
+    start = tensor.data_ptr()
+    if tensor.numel() == 0:
+        return start, start
+    extent = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return start, start + (extent + 1) * tensor.element_size()
+
+
+def check_gather_destination(source: torch.Tensor, destination: torch.Tensor) -> None:
+    """Check, without reading any data, that ``destination`` can be written by a gather from ``source``:
+    it does not require grad and its bytes do not overlap the source's.
+
+    Raises:
+        InvalidArgumentError: naming the destination's and the source's byte ranges, or the grad flag.
+    """
+    if destination.requires_grad:
+        raise InvalidArgumentError(
+            f"gather destination {tuple(destination.shape)} ({destination.dtype}) requires grad; a gather "
+            "writes staging outside autograd, pass a tensor with requires_grad=False (detach() it)"
+        )
+    d_lo, d_hi = _byte_span(destination)
+    s_lo, s_hi = _byte_span(source)
+    if source.device == destination.device and d_lo < s_hi and s_lo < d_hi:
+        raise InvalidArgumentError(
+            f"gather destination [{d_lo:#x}, {d_hi:#x}) overlaps the source's byte span [{s_lo:#x}, {s_hi:#x}); "
+            "nothing was written. Gather into a separate staging buffer"
+        )
+
+
 def check_row_ids(row_ids: torch.Tensor, num_blocks: int, block_size: int) -> None:
     """Check every id is ``-1`` or a row of a ``num_blocks x block_size`` source (one reduction,
     which a GPU reads back to the host).
@@ -119,7 +149,8 @@ def gather_rows(
 
     Raises:
         InvalidArgumentError: wrong types, devices or shapes; an id out of range (naming its index and
-            value); a destination whose row width does not match the source's in bytes.
+            value); a destination whose row width does not match the source's in bytes, that overlaps the
+            source, or that requires grad.
     """
     _check_gather_args(source, destination, row_ids)
     rows, block_step, offset_step = source_row_view(source, destination.dtype)
@@ -135,6 +166,7 @@ def gather_rows(
             f"gather destination {tuple(destination.shape)} ({destination.dtype}) does not hold "
             f"{n} rows of {width} x {destination.dtype}; a row is {rows.shape[1] * destination.element_size()} bytes"
         )
+    check_gather_destination(source, destination)
     if n == 0:
         return
     if check_range:

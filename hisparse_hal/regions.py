@@ -18,6 +18,8 @@ from .errors import InvalidArgumentError, InvalidDescriptorError
 __all__ = ["Region", "RegionTable", "SwapBatch", "check_descriptor_tensors"]
 
 REGION_KINDS = ("pinned_host", "device_cache", "explicit")
+#: One past the last byte a region may cover: descriptors are int64 tensors.
+MAX_ADDRESS = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,14 +149,19 @@ class RegionTable:
         """Add ``region``.
 
         Raises:
-            InvalidArgumentError: the region is empty, has a negative start, an unknown kind, or
-                overlaps a known region (both are named).
+            InvalidArgumentError: the region is empty, has a negative start, ends past the int64 address
+                space, has an unknown kind, or overlaps a known region (both are named).
         """
         if region.size <= 0:
             raise InvalidArgumentError(f"region {region.label!r} must have size > 0, got {region.size}")
         if region.start < 0:
             raise InvalidArgumentError(
                 f"region {region.label!r} has negative start address {region.start}"
+            )
+        if region.end > MAX_ADDRESS:  # the descriptor check works in int64; such a region cannot be indexed
+            raise InvalidArgumentError(
+                f"region {region.label!r} [{region.start:#x}, {region.end:#x}) ends beyond the largest address "
+                f"a swap descriptor can hold ({MAX_ADDRESS:#x}); check its start and size"
             )
         if region.kind not in REGION_KINDS:
             raise InvalidArgumentError(

@@ -99,3 +99,15 @@ def test_cache_ops_gather(backend):
     out = torch.zeros(1, 656, dtype=torch.uint8)
     backend.create_cache_ops(runtime=None).gather_resident_rows(source, out, torch.tensor([9], dtype=torch.int32))
     assert torch.equal(out[0], source[2, 1])
+
+
+def test_gather_into_the_source_is_refused_when_called_and_when_captured(backend):
+    source = _source()
+    destination = source.view(-1, 656)[4:6]
+    before = source.clone()
+    with pytest.raises(InvalidArgumentError, match="overlaps the source's byte span"):
+        backend.gather_resident_rows(source, destination, torch.tensor([0, 1]))
+    with backend.capture() as graph, pytest.raises(InvalidArgumentError, match="overlaps the source's byte span"):
+        backend.gather_resident_rows(source, destination, torch.tensor([0, 1]))
+    assert graph.operations == ()
+    assert torch.equal(source, before)

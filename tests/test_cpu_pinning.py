@@ -283,3 +283,10 @@ def test_register_region_rejects_non_host_device_and_unknown_unregister(backend)
         backend.unregister_region(region)
     with pytest.raises(InvalidDescriptorError, match="not inside any known region"):
         backend.swap_blocks_batch(torch.tensor([0x1000]), torch.tensor([0x1000]), torch.tensor([8]))
+
+
+@pytest.mark.parametrize("address,size", [(True, 4096), (0x1000, True), (0x1000, False)])
+def test_register_region_rejects_a_bool_address_or_size_and_registers_nothing(backend, address, size):
+    with pytest.raises(InvalidArgumentError, match=rf"must be ints, got {address!r}, {size!r}"):
+        backend.register_region(address, size, "flag")
+    assert list(backend.regions) == []

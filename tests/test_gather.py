@@ -88,3 +88,23 @@ def test_reinterpreting_non_contiguous_rows_is_rejected():
     source = torch.randn(2, 2, 8, dtype=torch.float32)[:, :, ::2]
     with pytest.raises(InvalidArgumentError, match="rows must be contiguous to reinterpret"):
         gather_rows(source, torch.empty(1, 16, dtype=torch.uint8), _ids([0]))
+
+
+@pytest.mark.parametrize("rows", [slice(0, 2), slice(3, 5), slice(46, 48)])
+def test_gather_into_a_destination_overlapping_the_source_is_a_typed_error_and_writes_nothing(rows):
+    storage = torch.arange(48 * 8, dtype=torch.float32)
+    source = storage.view(6, 8, 8)  # 48 rows of 8 floats
+    destination = storage.view(48, 8)[rows]
+    before = storage.clone()
+    start = destination.data_ptr()
+    expected = rf"gather destination \[{start:#x}, {start + 64:#x}\) overlaps the source"
+    with pytest.raises(InvalidArgumentError, match=expected):
+        gather_rows(source, destination, _ids([10, 20]))
+    assert torch.equal(storage, before)
+
+
+def test_gather_into_a_destination_that_requires_grad_is_a_typed_error():
+    destination = torch.zeros(2, 8, requires_grad=True)
+    with pytest.raises(InvalidArgumentError, match=r"gather destination \(2, 8\) \(torch.float32\) requires grad"):
+        gather_rows(torch.randn(2, 4, 8), destination, _ids([1, 2]))
+    assert not destination.detach().any()

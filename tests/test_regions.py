@@ -99,3 +99,14 @@ def test_chunks_split_at_cap_and_keep_order():
     assert [c.count for c in chunks] == [4, 4, 2]
     assert torch.cat([c.src for c in chunks]).tolist() == batch.src.tolist()
     assert list(batch.chunks(None))[0] is batch
+
+
+@pytest.mark.parametrize("start,size", [(BASE, 2**64), (2**63 - 10, 100), (2**64, 5)])
+def test_region_ending_past_the_int64_address_space_is_rejected_and_not_kept(start, size):
+    table = _table()
+    expected = rf"region 'huge' \[{start:#x}, {start + size:#x}\) ends beyond the largest"
+    with pytest.raises(InvalidArgumentError, match=expected):
+        table.add(Region(start, size, "explicit", "huge"))
+    assert [r.label for r in table] == ["cache", "pool"]
+    # The table still checks descriptors (no stale lookup arrays).
+    assert table.check_swap_batch(_i64([BASE]), _i64([BASE + 8192]), _i64([16])).count == 1
