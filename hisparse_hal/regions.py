@@ -1,12 +1,14 @@
 """Known memory regions and the vectorized check of swap descriptors against them.
 
 Invariant: a swap batch reaches a copy engine only if every descriptor's source and destination range
-lies wholly inside one known region. The check is vectorized (no per-descriptor Python) and names the
-first bad descriptor; a rejected batch copies nothing.
+lies wholly inside one known region. The check is vectorized (no per-descriptor Python): two reductions
+prove a side that spans one region, a ``searchsorted`` checks the rest; it names the first bad
+descriptor, and a rejected batch copies nothing.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import threading
 from typing import Iterator
@@ -52,7 +54,9 @@ class SwapBatch:
     """A validated swap batch: contiguous int64 CPU tensors the caller may reuse after the call.
 
     ``src_region`` and ``dst_region`` hold, per descriptor, the index into ``regions`` of the region
-    that contains it.
+    that contains it (a stride-0 view when one region holds the whole side). ``size_range`` is
+    ``(smallest, largest)`` of ``sizes`` when known (the check computes it), so copy paths need no
+    further pass to find zero-byte or uniform descriptors.
     """
 
     src: torch.Tensor
@@ -61,6 +65,16 @@ class SwapBatch:
     src_region: torch.Tensor
     dst_region: torch.Tensor
     regions: tuple[Region, ...]
+    size_range: tuple[int, int] | None = None
+
+    def size_bounds(self) -> tuple[int, int]:
+        """``(smallest, largest)`` size; ``(0, 0)`` for an empty batch."""
+        if self.size_range is not None:
+            return self.size_range
+        if self.count == 0:
+            return (0, 0)
+        low, high = torch.aminmax(self.sizes)
+        return int(low), int(high)
 
     @property
     def count(self) -> int:
@@ -71,8 +85,8 @@ class SwapBatch:
         """The common byte count when every descriptor has the same size, else None."""
         if self.count == 0:
             return None
-        first = int(self.sizes[0])
-        return first if bool((self.sizes == first).all()) else None
+        low, high = self.size_bounds()
+        return low if low == high else None
 
     def chunks(self, cap: int | None) -> Iterator["SwapBatch"]:
         """Split into consecutive batches of at most ``cap`` descriptors (one batch when cap is None)."""
@@ -88,6 +102,8 @@ class SwapBatch:
                 self.src_region[begin:end],
                 self.dst_region[begin:end],
                 self.regions,
+                # Uniform sizes stay exact for every chunk; other bounds are recomputed on demand.
+                self.size_range if self.size_range is not None and self.size_range[0] == self.size_range[1] else None,
             )
 
 
@@ -136,6 +152,7 @@ class RegionTable:
         self._regions: list[Region] = []
         self._starts = torch.empty(0, dtype=torch.int64)
         self._ends = torch.empty(0, dtype=torch.int64)
+        self._start_list: list[int] = []
 
     def __len__(self) -> int:
         return len(self._regions)
@@ -199,6 +216,7 @@ class RegionTable:
         self._regions.sort(key=lambda r: r.start)
         self._starts = torch.tensor([r.start for r in self._regions], dtype=torch.int64)
         self._ends = torch.tensor([r.end for r in self._regions], dtype=torch.int64)
+        self._start_list = [r.start for r in self._regions]
 
     def check_swap_batch(self, src: object, dst: object, sizes: object) -> SwapBatch:
         """Validate a whole swap batch before anything is copied.
@@ -220,17 +238,50 @@ class RegionTable:
         check_descriptor_tensors(src, dst, sizes)
         assert isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)
         assert isinstance(sizes, torch.Tensor)
-        # Copies, not views: the caller may overwrite its arrays as soon as we return.
-        src = src.clone(memory_format=torch.contiguous_format)
-        dst = dst.clone(memory_format=torch.contiguous_format)
-        sizes = sizes.clone(memory_format=torch.contiguous_format)
         with self._lock:
             regions = tuple(self._regions)
             starts, ends = self._starts, self._ends
-        if src.numel() == 0:
+            start_list = self._start_list
+        n = src.numel()
+        # One copy of all three arrays, not views: the caller may overwrite its arrays as soon as we
+        # return (and another thread could edit them between this check and the copy engine).
+        packed = torch.stack((src, dst, sizes))
+        src, dst, sizes = packed[0], packed[1], packed[2]
+        if n == 0:
             empty = torch.empty(0, dtype=torch.int64)
-            return SwapBatch(src, dst, sizes, empty, empty, regions)
+            return SwapBatch(src, dst, sizes, empty, empty, regions, (0, 0))
+        # Flat reductions of contiguous rows: a reduction along a dimension of ``packed`` woke torch's
+        # intra-op pool even for 8,192 descriptors and cost milliseconds on a busy host.
+        (src_low, src_high), (dst_low, dst_high), (low_size, high_size) = (_bounds(row) for row in packed)
+        if low_size >= 0:
+            src_region = self._span_region(src_low, src_high + high_size, start_list, regions, n)
+            dst_region = self._span_region(dst_low, dst_high + high_size, start_list, regions, n)
+            if src_region is not None and dst_region is not None:
+                return SwapBatch(src, dst, sizes, src_region, dst_region, regions, (low_size, high_size))
+        return self._check_each(src, dst, sizes, regions, starts, ends, (low_size, high_size))
 
+    @staticmethod
+    def _span_region(
+        low: int, high_end: int, start_list: list[int], regions: tuple[Region, ...], n: int
+    ) -> torch.Tensor | None:
+        """Per-descriptor region index (a stride-0 view) when one region holds ``[low, high_end)``,
+        which then holds every descriptor of the side; None when no single region does."""
+        k = bisect.bisect_right(start_list, low) - 1
+        if k < 0 or high_end > regions[k].end:
+            return None
+        return _region_index(k).expand(n)
+
+    def _check_each(
+        self,
+        src: torch.Tensor,
+        dst: torch.Tensor,
+        sizes: torch.Tensor,
+        regions: tuple[Region, ...],
+        starts: torch.Tensor,
+        ends: torch.Tensor,
+        size_range: tuple[int, int],
+    ) -> SwapBatch:
+        """The per-descriptor check, for batches whose sides span several regions or that are bad."""
         negative = sizes < 0
         src_region, src_ok = _locate(src, sizes, starts, ends)
         dst_region, dst_ok = _locate(dst, sizes, starts, ends)
@@ -249,7 +300,7 @@ class RegionTable:
                 "or register the region explicitly",
                 i,
             )
-        return SwapBatch(src, dst, sizes, src_region, dst_region, regions)
+        return SwapBatch(src, dst, sizes, src_region, dst_region, regions, size_range)
 
     @staticmethod
     def _why_outside(address: int, size: int, regions: tuple[Region, ...]) -> str:
@@ -260,6 +311,20 @@ class RegionTable:
                     f"[{region.start:#x}, {region.end:#x}) by {address + size - region.end} bytes"
                 )
         return "is not inside any known region"
+
+
+_REGION_INDICES = torch.arange(64, dtype=torch.int64)
+
+
+def _region_index(k: int) -> torch.Tensor:
+    """A one-element int64 tensor holding ``k`` (a view of a shared table for small ``k``)."""
+    return _REGION_INDICES[k:k + 1] if k < _REGION_INDICES.numel() else torch.full((1,), k, dtype=torch.int64)
+
+
+def _bounds(values: torch.Tensor) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty 1-D tensor as Python ints."""
+    low, high = torch.aminmax(values)
+    return int(low), int(high)
 
 
 def _locate(

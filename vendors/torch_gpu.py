@@ -480,6 +480,8 @@ def nonempty_descriptors(batch: SwapBatch) -> tuple[torch.Tensor, torch.Tensor, 
     rapidsai/rmm #2509), so runtimes leave such descriptors out. ``positions`` maps each kept
     descriptor back to its index in ``batch`` for error messages; it is None when every one is kept.
     """
+    if batch.size_range is not None and batch.size_range[0] > 0:
+        return batch.dst, batch.src, batch.sizes, None  # the check's bounds already exclude zero sizes
     keep = batch.sizes != 0
     if bool(keep.all()):
         return batch.dst, batch.src, batch.sizes, None
