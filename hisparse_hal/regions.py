@@ -258,7 +258,7 @@ class RegionTable:
             dst_region = self._span_region(dst_low, dst_high + high_size, start_list, regions, n)
             if src_region is not None and dst_region is not None:
                 return SwapBatch(src, dst, sizes, src_region, dst_region, regions, (low_size, high_size))
-        return self._check_each(src, dst, sizes, regions, starts, ends, (low_size, high_size))
+        return self._check_each(packed, regions, starts, ends, (low_size, high_size))
 
     @staticmethod
     def _span_region(
@@ -273,18 +273,19 @@ class RegionTable:
 
     def _check_each(
         self,
-        src: torch.Tensor,
-        dst: torch.Tensor,
-        sizes: torch.Tensor,
+        packed: torch.Tensor,
         regions: tuple[Region, ...],
         starts: torch.Tensor,
         ends: torch.Tensor,
         size_range: tuple[int, int],
     ) -> SwapBatch:
-        """The per-descriptor check, for batches whose sides span several regions or that are bad."""
+        """The per-descriptor check of a ``[src; dst; sizes]`` batch whose sides span several regions, or
+        that is bad: one ``searchsorted`` over both address rows."""
+        src, dst, sizes = packed[0], packed[1], packed[2]
         negative = sizes < 0
-        src_region, src_ok = _locate(src, sizes, starts, ends)
-        dst_region, dst_ok = _locate(dst, sizes, starts, ends)
+        located, ok = _locate(packed[:2], sizes, starts, ends)
+        src_region, dst_region = located[0], located[1]
+        src_ok, dst_ok = ok[0], ok[1]
         bad = negative | ~(src_ok & dst_ok)
         if bool(bad.any()):
             i = int(bad.nonzero()[0])  # the first bad descriptor, whatever is wrong with it
@@ -330,12 +331,14 @@ def _bounds(values: torch.Tensor) -> tuple[int, int]:
 def _locate(
     addresses: torch.Tensor, sizes: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per address: index of the last region starting at or before it, and whether the whole range
-    [address, address + size) fits inside that region. Written to avoid int64 overflow."""
+    """For ``[sides, n]`` contiguous addresses: per address, the index of the last region starting at or
+    before it, and whether ``[address, address + size)`` fits inside that region (one ``searchsorted``;
+    written to avoid int64 overflow)."""
     if starts.numel() == 0:
         return torch.zeros_like(addresses), torch.zeros_like(addresses, dtype=torch.bool)
-    index = torch.searchsorted(starts, addresses, right=True) - 1
+    index = torch.searchsorted(starts, addresses.reshape(-1), right=True).view(addresses.shape) - 1
     safe = index.clamp_min(0)
-    room = ends[safe] - addresses  # bytes from address to the region's end
-    ok = (index >= 0) & (addresses >= starts[safe]) & (room >= sizes)
+    room = ends.take(safe) - addresses  # bytes from address to the region's end
+    # index >= 0 means starts[index] <= address: searchsorted found the last start at or before it.
+    ok = (index >= 0) & (room >= sizes)
     return safe, ok
