@@ -60,7 +60,7 @@ def test_swap_moves_uniform_blocks_to_permuted_destinations(backend, cache_and_p
     dst = pool.data_ptr() + perm * BLOCK
     backend.swap_blocks_batch(src, dst, torch.full((64,), BLOCK))
     assert torch.equal(pool[perm], cache)
-    assert backend.last_swap == byte_copy.SwapMoveReport(vectorized=64, looped=0, hazard=False)
+    assert backend.last_swap == byte_copy.SwapMoveReport(vectorized=64, looped=0, hazard=False, one_pass=64)
 
 
 def test_swap_of_50000_uniform_656_byte_descriptors_is_vectorized_and_byte_exact(backend, monkeypatch):
