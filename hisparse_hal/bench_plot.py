@@ -1,0 +1,67 @@
+"""``hisparse-hal bench --plot FILE.png``: swap throughput against block size, ours beside the loop and one copy.
+
+Needs matplotlib (the optional extra ``hisparse-hal[plot]``), imported only when a plot is asked for; it
+draws on the non-interactive Agg canvas, so no display is needed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from .errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from .benchmark import SwapFigure
+
+__all__ = ["plot_swaps"]
+
+
+def _block_label(size: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size} B"
+
+
+def plot_swaps(figures: Sequence["SwapFigure"], path: str, title: str) -> None:
+    """Write a PNG of GB/s against block size (log scale) for our swaps, the plain loop and one copy.
+
+    Args:
+        figures: one :class:`~hisparse_hal.benchmark.SwapFigure` per block size.
+        path: where to write the PNG.
+        title: the plot's title (backend, device, date).
+
+    Raises:
+        BackendUnavailableError: matplotlib is not installed (install ``hisparse-hal[plot]``).
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"bench --plot needs matplotlib ({exc}); install it with: pip install 'hisparse-hal[plot]'"
+        ) from None
+    rows = sorted(figures, key=lambda f: f.block_bytes)
+    blocks = [f.block_bytes for f in rows]
+    figure = Figure(figsize=(7.5, 4.8), dpi=120)
+    axes = figure.add_subplot()
+    loop_kind = rows[0].loop_kind if rows else "loop"
+    for values, label, style in (
+        ([f.ours_gbps for f in rows], "swap_blocks_batch (ours)", {"marker": "o", "linewidth": 2.4, "color": "#1f5fbf"}),
+        ([f.loop_gbps for f in rows], f"plain alternative ({loop_kind})", {"marker": "s", "color": "#c0504d"}),
+        ([f.one_copy_gbps for f in rows], "one contiguous copy (limit)", {"marker": "^", "linestyle": "--", "color": "#555555"}),
+    ):
+        axes.plot(blocks, values, label=label, **style)
+    for f in rows:
+        axes.annotate(f"{f.speedup_vs_loop:.1f}x loop\n{f.fraction_of_limit:.0%} of copy", (f.block_bytes, f.ours_gbps),
+                      textcoords="offset points", xytext=(0, 9), ha="center", fontsize=8, color="#1f5fbf")
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(blocks, [_block_label(b) for b in blocks])
+    axes.set_xlabel("bytes per descriptor (block size)")
+    axes.set_ylabel("GB/s")
+    top = max([f.ours_gbps for f in rows] + [f.loop_gbps for f in rows] + [f.one_copy_gbps for f in rows], default=1.0)
+    axes.set_ylim(0, top * 1.3)
+    axes.set_title(title, fontsize=10)
+    axes.grid(True, which="major", alpha=0.3)
+    axes.legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path)
