@@ -46,16 +46,20 @@ def plot_swaps(figures: Sequence["SwapFigure"], path: str, title: str) -> None:
     figure = Figure(figsize=(7.5, 5.0), dpi=120)
     axes = figure.add_subplot()
     loop_kind = rows[0].loop_kind if rows else "loop"
+    ours_style = {"marker": "o", "linewidth": 2.4, "color": "#1f5fbf"}
+    copy_style = {"marker": "^", "linestyle": "--", "color": "#555555"}
     for values, label, style in (
-        ([f.ours_gbps for f in rows], "swap_blocks_batch (ours)", {"marker": "o", "linewidth": 2.4, "color": "#1f5fbf"}),
+        ([f.ours_gbps for f in rows], "swap_blocks_batch (ours)", ours_style),
         ([f.loop_gbps for f in rows], f"plain alternative ({loop_kind})", {"marker": "s", "color": "#c0504d"}),
-        ([f.one_copy_gbps for f in rows], "one contiguous copy (limit)", {"marker": "^", "linestyle": "--", "color": "#555555"}),
+        ([f.one_copy_gbps for f in rows], "one contiguous copy (limit)", copy_style),
     ):
         axes.plot(blocks, values, label=label, **style)
     axes.set_xscale("log", base=2)
     # Ratios go under each block size, where they cannot hide a line.
-    axes.set_xticks(blocks, [f"{_block_label(f.block_bytes)}\n{f.speedup_vs_loop:.1f}x loop\n{f.fraction_of_limit:.0%} of copy"
-                             for f in rows], fontsize=8)
+    ticks = [
+        f"{_block_label(f.block_bytes)}\n{f.speedup_vs_loop:.1f}x loop\n{f.fraction_of_limit:.0%} of copy" for f in rows
+    ]
+    axes.set_xticks(blocks, ticks, fontsize=8)
     axes.set_xlim(blocks[0] / 1.6, blocks[-1] * 1.6) if blocks else None
     axes.set_xlabel("bytes per descriptor (block size); ours against the loop and against one copy")
     axes.set_ylabel("GB/s")

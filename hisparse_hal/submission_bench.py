@@ -24,7 +24,14 @@ import torch
 from .backend import HiSparseBackend
 from .errors import BackendUnavailableError, InvalidDescriptorError
 
-__all__ = ["SubmissionFigure", "bench_submission", "marginal_ns", "plain_marshalling", "load_simulator", "SUBMISSION_COUNTS"]
+__all__ = [
+    "SubmissionFigure",
+    "bench_submission",
+    "marginal_ns",
+    "plain_marshalling",
+    "load_simulator",
+    "SUBMISSION_COUNTS",
+]
 
 SUBMISSION_COUNTS = (8192, 16384, 65536)
 _BLOCK = 656
@@ -98,7 +105,8 @@ def _cuda_backend(device_memory: torch.Tensor) -> tuple[HiSparseBackend, Callabl
     from .vendors.cuda.driver import CudaDriver
 
     sim = sim_module.SimulatedCudaDriver(12080)
-    sim._device_memory.append((device_memory.data_ptr(), device_memory.data_ptr() + device_memory.numel(), device_memory))
+    start = device_memory.data_ptr()
+    sim._device_memory.append((start, start + device_memory.numel(), device_memory))  # as allocate_device does
     runtime = CudaDriver(0, sim)
     backend = _fixed_stream(CudaBackend).for_device(0, 12080, "sm_90", runtime=runtime, device=torch.device("cpu"))
 
@@ -124,7 +132,9 @@ def _rocm_backend(device_memory: torch.Tensor) -> tuple[HiSparseBackend, Callabl
     return backend, install
 
 
-def plain_marshalling(regions: list[tuple[int, int]], src: list[int], dst: list[int], sizes: list[int]) -> tuple[Any, Any, Any]:
+def plain_marshalling(
+    regions: list[tuple[int, int]], src: list[int], dst: list[int], sizes: list[int]
+) -> tuple[Any, Any, Any]:
     """The plain alternative: a Python loop checking each descriptor against sorted ``(start, end)``
     regions and building the three ``uint64`` arrays a vendor batch call takes.
 
@@ -137,7 +147,9 @@ def plain_marshalling(regions: list[tuple[int, int]], src: list[int], dst: list[
         for address in (s, d):
             k = bisect.bisect_right(starts, address) - 1
             if n < 0 or k < 0 or address + n > regions[k][1]:
-                raise InvalidDescriptorError(f"swap descriptor {i} at {address:#x} ({n} bytes) is outside every region", i)
+                raise InvalidDescriptorError(
+                    f"swap descriptor {i} at {address:#x} ({n} bytes) is outside every region", i
+                )
         if n:
             out_dst.append(d)
             out_src.append(s)
@@ -169,7 +181,8 @@ def bench_submission(repeats: int = 200, counts: tuple[int, ...] = SUBMISSION_CO
         AssertionError: the proving swap moved wrong bytes.
     """
     largest = max(counts)
-    device_memory = torch.randint(0, 256, (largest * _BLOCK,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    seeded = torch.Generator().manual_seed(3)
+    device_memory = torch.randint(0, 256, (largest * _BLOCK,), dtype=torch.uint8, generator=seeded)
     host = torch.zeros(largest * _BLOCK, dtype=torch.uint8)
     generator = torch.Generator().manual_seed(4)
     figures = []
@@ -181,9 +194,11 @@ def bench_submission(repeats: int = 200, counts: tuple[int, ...] = SUBMISSION_CO
         try:
             proof = torch.arange(64, dtype=torch.int64)
             host.zero_()
-            backend.swap_blocks_batch(device_memory.data_ptr() + proof * _BLOCK, host.data_ptr() + proof.flip(0) * _BLOCK,
+            backend.swap_blocks_batch(device_memory.data_ptr() + proof * _BLOCK,
+                                      host.data_ptr() + proof.flip(0) * _BLOCK,
                                       torch.full((64,), _BLOCK, dtype=torch.int64))
-            if not torch.equal(host[: 64 * _BLOCK].view(64, _BLOCK).flip(0), device_memory[: 64 * _BLOCK].view(64, _BLOCK)):
+            moved, wanted = host[: 64 * _BLOCK].view(64, _BLOCK).flip(0), device_memory[: 64 * _BLOCK].view(64, _BLOCK)
+            if not torch.equal(moved, wanted):
                 raise AssertionError(f"{label}: the proving swap moved wrong bytes")
             stub = _CountingStub()
             install_stub(stub)

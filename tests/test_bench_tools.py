@@ -13,7 +13,8 @@ from hisparse_hal.errors import BackendUnavailableError, InvalidDescriptorError
 
 
 def test_plain_marshalling_builds_the_vendor_arrays_without_zero_byte_copies():
-    dst, src, sizes = submission_bench.plain_marshalling([(100, 200), (1000, 2000)], [100, 150, 120], [1000, 1500, 1900], [50, 0, 80])
+    regions = [(100, 200), (1000, 2000)]
+    dst, src, sizes = submission_bench.plain_marshalling(regions, [100, 150, 120], [1000, 1500, 1900], [50, 0, 80])
     assert (list(dst), list(src), list(sizes)) == ([1000, 1900], [100, 120], [50, 80])
     assert isinstance(dst, ctypes.Array) and dst._type_ is ctypes.c_uint64
 

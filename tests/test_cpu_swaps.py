@@ -337,7 +337,8 @@ def test_swap_whose_sources_tile_a_run_scatters_in_one_pass(backend):
     backend.pin_tensor(pool)
     slots = torch.randperm(256, generator=torch.Generator().manual_seed(22))[:64]  # scattered, not a run
     order = torch.randperm(64, generator=torch.Generator().manual_seed(23))
-    backend.swap_blocks_batch(cache.data_ptr() + order * BLOCK, pool.data_ptr() + slots * BLOCK, torch.full((64,), BLOCK))
+    backend.swap_blocks_batch(cache.data_ptr() + order * BLOCK, pool.data_ptr() + slots * BLOCK,
+                              torch.full((64,), BLOCK))
     assert torch.equal(pool[slots], cache[order])
     untouched = torch.ones(256, dtype=torch.bool)
     untouched[slots] = False
@@ -354,7 +355,8 @@ def test_swap_of_large_blocks_into_a_run_is_one_vectorized_pass(backend, monkeyp
     backend.pin_tensor(out)
     monkeypatch.setattr(byte_copy, "memmove_each", lambda *a: pytest.fail("memmove fallback used"))
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(25))
-    backend.swap_blocks_batch(memory.data_ptr() + perm * size, out.data_ptr() + torch.arange(n) * size, torch.full((n,), size))
+    backend.swap_blocks_batch(memory.data_ptr() + perm * size, out.data_ptr() + torch.arange(n) * size,
+                              torch.full((n,), size))
     assert torch.equal(out.view(n, size), memory.view(n, size)[perm])
     assert backend.last_swap == byte_copy.SwapMoveReport(vectorized=n, looped=0, hazard=False, one_pass=n)
     backend.unpin_tensor(out)
@@ -368,7 +370,8 @@ def test_swap_of_large_blocks_scattered_on_both_sides_uses_memmove_in_batch_orde
     backend.pin_tensor(out)
     src_slots = torch.randperm(2 * n, generator=torch.Generator().manual_seed(27))[:n]
     dst_slots = torch.randperm(2 * n, generator=torch.Generator().manual_seed(28))[:n]
-    backend.swap_blocks_batch(memory.data_ptr() + src_slots * size, out.data_ptr() + dst_slots * size, torch.full((n,), size))
+    backend.swap_blocks_batch(memory.data_ptr() + src_slots * size, out.data_ptr() + dst_slots * size,
+                              torch.full((n,), size))
     assert torch.equal(out.view(2 * n, size)[dst_slots], memory.view(2 * n, size)[src_slots])
     assert backend.last_swap == byte_copy.SwapMoveReport(vectorized=0, looped=n, hazard=False)
     backend.unpin_tensor(out)

@@ -256,7 +256,12 @@ def _scratch_buffer() -> torch.Tensor:
 
 
 def _move_group(
-    s_reg: Region, d_reg: Region, s_off: torch.Tensor, d_off: torch.Tensor, size: int, d_order: torch.Tensor | None = None
+    s_reg: Region,
+    d_reg: Region,
+    s_off: torch.Tensor,
+    d_off: torch.Tensor,
+    size: int,
+    d_order: torch.Tensor | None = None,
 ) -> bool | None:
     """Move one hazard-free group of equal-size descriptors (``d_order``: the destinations' places in
     their run, when the caller already proved they tile one).
