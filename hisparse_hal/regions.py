@@ -245,14 +245,12 @@ class RegionTable:
         n = src.numel()
         # One copy of all three arrays, not views: the caller may overwrite its arrays as soon as we
         # return (and another thread could edit them between this check and the copy engine).
-        packed = torch.stack((src, dst, sizes))
+        packed, bounds = _pack_with_bounds(src, dst, sizes)
         src, dst, sizes = packed[0], packed[1], packed[2]
         if n == 0:
             empty = torch.empty(0, dtype=torch.int64)
             return SwapBatch(src, dst, sizes, empty, empty, regions, (0, 0))
-        # Flat reductions of contiguous rows: a reduction along a dimension of ``packed`` woke torch's
-        # intra-op pool even for 8,192 descriptors and cost milliseconds on a busy host.
-        (src_low, src_high), (dst_low, dst_high), (low_size, high_size) = (_bounds(row) for row in packed)
+        (src_low, src_high), (dst_low, dst_high), (low_size, high_size) = bounds
         if low_size >= 0:
             src_region = self._span_region(src_low, src_high + high_size, start_list, regions, n)
             dst_region = self._span_region(dst_low, dst_high + high_size, start_list, regions, n)
@@ -320,6 +318,34 @@ _REGION_INDICES = torch.arange(64, dtype=torch.int64)
 def _region_index(k: int) -> torch.Tensor:
     """A one-element int64 tensor holding ``k`` (a view of a shared table for small ``k``)."""
     return _REGION_INDICES[k:k + 1] if k < _REGION_INDICES.numel() else torch.full((1,), k, dtype=torch.int64)
+
+
+#: Descriptors copied and reduced per step of the check. Three rows of this many int64 stay below torch's
+#: intra-op parallel grain (32,768 elements), so the check runs on the calling thread only: on a busy host
+#: each wake of torch's thread pool cost milliseconds (hisparse-hal bench, docs/benchmarks.md).
+CHECK_PIECE = 8192
+
+
+def _pack_with_bounds(
+    src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor
+) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Copy the three descriptor rows into one ``[3, n]`` tensor and return it with each row's
+    ``(min, max)`` (``(0, 0)`` when empty), in pieces of :data:`CHECK_PIECE` descriptors."""
+    n = src.numel()
+    if n <= CHECK_PIECE:
+        packed = torch.stack((src, dst, sizes))
+        return packed, [_bounds(row) if n else (0, 0) for row in packed]
+    packed = torch.empty((3, n), dtype=torch.int64)
+    lows, highs = [[], [], []], [[], [], []]  # type: list[list[int]], list[list[int]]
+    for begin in range(0, n, CHECK_PIECE):
+        end = min(begin + CHECK_PIECE, n)
+        for row, values in enumerate((src, dst, sizes)):
+            piece = packed[row, begin:end]
+            piece.copy_(values[begin:end])
+            low, high = _bounds(piece)
+            lows[row].append(low)
+            highs[row].append(high)
+    return packed, [(min(lows[row]), max(highs[row])) for row in range(3)]
 
 
 def _bounds(values: torch.Tensor) -> tuple[int, int]:

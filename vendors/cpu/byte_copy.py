@@ -72,8 +72,8 @@ def move_swap_batch(batch: SwapBatch) -> SwapMoveReport:
     """
     src, dst, sizes = batch.src, batch.dst, batch.sizes
     src_region, dst_region = batch.src_region, batch.dst_region
-    moving = sizes > 0
-    if not bool(moving.all()):
+    if batch.size_bounds()[0] <= 0:  # zero-byte descriptors move nothing: leave them out
+        moving = sizes > 0
         src, dst, sizes = src[moving], dst[moving], sizes[moving]
         src_region, dst_region = src_region[moving], dst_region[moving]
     if sizes.numel() == 0:
@@ -119,8 +119,8 @@ def _move_tiled_batch(
     size = batch.uniform_size()
     if count < MIN_VECTOR_GROUP or size is None:
         return None
-    s_index, d_index = int(src_region[0]), int(dst_region[0])
-    if s_index == d_index or not (bool((src_region == s_index).all()) and bool((dst_region == d_index).all())):
+    s_index, d_index = _single_region(src_region), _single_region(dst_region)
+    if s_index is None or d_index is None or s_index == d_index:
         return None
     s_reg, d_reg = batch.regions[s_index], batch.regions[d_index]
     d_off = dst - d_reg.start
@@ -129,6 +129,15 @@ def _move_tiled_batch(
         return None
     _move_group(s_reg, d_reg, src - s_reg.start, d_off, size, d_order=order)
     return SwapMoveReport(count, 0, False, count)
+
+
+def _single_region(region_index: torch.Tensor) -> int | None:
+    """The one region every descriptor of a side lies in, or None. The check returns a stride-0 view
+    when it proved one region holds the whole side, which costs nothing to recognise here."""
+    first = int(region_index[0])
+    if region_index.stride(0) == 0 or bool((region_index == first).all()):
+        return first
+    return None
 
 
 def _is_permutation(position: torch.Tensor) -> bool:
