@@ -25,6 +25,9 @@ __all__ = ["SwapMoveReport", "move_swap_batch", "memmove_each", "region_bytes"]
 SCRATCH_BYTES = 4 << 20
 #: Most row indices built per round (bounds index memory when pieces are small).
 MAX_INDEX_ROWS = 1 << 19
+#: Descriptors per step of the one-pass path's index work: 8,192 int64 stay below torch's intra-op
+#: parallel grain (32,768 elements), so that work never wakes the thread pool.
+INDEX_PIECE = 8192
 #: Groups with fewer descriptors go through memmove: the vectorized setup costs about as much.
 MIN_VECTOR_GROUP = 16
 #: Descriptors this large that form no contiguous run go through memmove rather than the two-pass scratch
@@ -113,8 +116,13 @@ def _move_tiled_batch(
     dst_region: torch.Tensor,
 ) -> SwapMoveReport | None:
     """The common spill/fetch shape, moved in one pass without the hazard sort: equal sizes, one source
-    region, one other destination region, destinations tiling one contiguous run (so they are disjoint,
-    and no destination can meet a source in another region). None when the batch has another shape."""
+    region, one other destination region, block-aligned sources, destinations tiling one contiguous run
+    (so they are disjoint, and no destination can meet a source in another region). None when the batch
+    has another shape.
+
+    The index work runs in pieces of :data:`INDEX_PIECE` descriptors, below torch's parallel grain, so
+    only the copy itself uses the thread pool (on a busy host each pool wake can stall for milliseconds).
+    """
     count = int(sizes.numel())
     size = batch.uniform_size()
     if count < MIN_VECTOR_GROUP or size is None:
@@ -122,13 +130,38 @@ def _move_tiled_batch(
     s_index, d_index = _single_region(src_region), _single_region(dst_region)
     if s_index is None or d_index is None or s_index == d_index:
         return None
-    s_reg, d_reg = batch.regions[s_index], batch.regions[d_index]
-    d_off = dst - d_reg.start
-    order = _run_order(d_off, size)
-    if order is None:
+    s_reg = batch.regions[s_index]  # the destination run lies in regions[d_index]: the check proved it
+    pieces = [(begin, min(begin + INDEX_PIECE, count)) for begin in range(0, count, INDEX_PIECE)]
+    bounds = [torch.aminmax(dst[begin:end]) for begin, end in pieces]
+    d_low = min(int(low) for low, _ in bounds)
+    d_high = max(int(high) for _, high in bounds)
+    if d_high - d_low != (count - 1) * size:
         return None
-    _move_group(s_reg, d_reg, src - s_reg.start, d_off, size, d_order=order)
+    # Each destination's place in the run and each source's block, checked to be exact as we go.
+    # scatter_, not index assignment: about 10x cheaper per piece (torch 2.13 on the CPU).
+    seen = torch.empty(count, dtype=torch.uint8)
+    source_blocks = torch.empty(count, dtype=torch.int64)
+    for begin, end in pieces:
+        seen[begin:end].zero_()
+    for begin, end in pieces:
+        d_rel, s_rel = dst[begin:end] - d_low, src[begin:end] - s_reg.start
+        if bool(((d_rel % size) | (s_rel % size)).any()):
+            return None
+        position = torch.div(d_rel, size, rounding_mode="floor")
+        seen.scatter_(0, position, 1)
+        source_blocks.scatter_(0, position, torch.div(s_rel, size, rounding_mode="floor"))
+    if not all(bool(seen[begin:end].all()) for begin, end in pieces):
+        return None  # a destination repeats: not a run
+    dtype, width = _element(size, s_reg.start, d_low)
+    src_rows = _rows(s_reg, size, dtype, width)
+    run = _bytes_at(d_low, count * size).view(dtype).view(count, size // width)
+    torch.index_select(src_rows, 0, source_blocks, out=run)
     return SwapMoveReport(count, 0, False, count)
+
+
+def _bytes_at(address: int, size: int) -> torch.Tensor:
+    """A ``uint8`` tensor over ``size`` bytes at ``address`` (inside a known region; no copy)."""
+    return torch.frombuffer((ctypes.c_uint8 * size).from_address(address), dtype=torch.uint8)
 
 
 def _single_region(region_index: torch.Tensor) -> int | None:
@@ -264,16 +297,8 @@ def _scratch_buffer() -> torch.Tensor:
     return buffer
 
 
-def _move_group(
-    s_reg: Region,
-    d_reg: Region,
-    s_off: torch.Tensor,
-    d_off: torch.Tensor,
-    size: int,
-    d_order: torch.Tensor | None = None,
-) -> bool | None:
-    """Move one hazard-free group of equal-size descriptors (``d_order``: the destinations' places in
-    their run, when the caller already proved they tile one).
+def _move_group(s_reg: Region, d_reg: Region, s_off: torch.Tensor, d_off: torch.Tensor, size: int) -> bool | None:
+    """Move one hazard-free group of equal-size descriptors.
 
     Returns:
         True when it moved in one pass (a contiguous run on one side, between two regions), False when it
@@ -286,7 +311,7 @@ def _move_group(
     per_desc = size // piece
     s_first, d_first = torch.div(s_off, piece, rounding_mode="floor"), torch.div(d_off, piece, rounding_mode="floor")
     if s_reg is not d_reg:  # separate memory, so torch's out-of-place ops may read one and write the other
-        order = d_order if d_order is not None else _run_order(d_first, per_desc)
+        order = _run_order(d_first, per_desc)
         if order is not None:
             start = int(d_first.min())
             firsts = torch.empty_like(s_first)
