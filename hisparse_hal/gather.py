@@ -109,7 +109,7 @@ def new_fault_record(device: torch.device) -> torch.Tensor:
 def _clamp_and_record(row_ids: torch.Tensor, total: int, block_size: int, record: torch.Tensor) -> torch.Tensor:
     """In-range row indices for ``row_ids`` (out-of-range ids clamped to row 0 or the last row), and, in
     ``record``, the first bad id of the first gather that had one. Only device work: nothing is read back."""
-    clamped = row_ids.clamp(-1, total - 1)
+    clamped = row_ids.clamp(-1, min(total - 1, torch.iinfo(row_ids.dtype).max))  # int32 ids, huge sources
     bad = clamped != row_ids
     first = bad.to(torch.uint8).argmax()  # the first True; 0 when there is none (then unused)
     news = torch.stack((first, row_ids.take(first).to(torch.int64)))
