@@ -57,6 +57,10 @@ class CacheOps:
         """See :meth:`HiSparseBackend.gather_resident_rows`."""
         self.backend.gather_resident_rows(source, destination, row_ids)
 
+    def raise_gather_faults(self) -> None:
+        """See :meth:`HiSparseBackend.raise_gather_faults`."""
+        self.backend.raise_gather_faults()
+
     def new_stats_counter(self) -> torch.Tensor:
         """A zeroed ``[hits, misses]`` counter of the backend's ``stats_dtype`` on its device."""
         return new_stats_counter(self.backend.device, self.backend.stats_dtype)
@@ -358,7 +362,8 @@ class HiSparseBackend:
         Row id ``b * block_size + o`` names row ``o`` of block ``b`` of ``source``
         (``[num_blocks, block_size, row_width]``, possibly strided); ``-1`` reads row 0. When dtypes
         differ the bytes are preserved. One pass into ``destination``, asynchronous on the current
-        stream. Outside a capture, ids are range-checked first.
+        stream. Outside a capture, ids are range-checked first. (GPU backends check ids on the device
+        instead and report a bad one through :meth:`raise_gather_faults`.)
 
         Raises:
             InvalidArgumentError: bad types, devices, shapes, a destination overlapping the source or
@@ -366,6 +371,19 @@ class HiSparseBackend:
         """
         self._check_gather_device(source, destination)
         gather_rows(source, destination, row_ids, check_range=not self.is_current_stream_capturing())
+
+    def raise_gather_faults(self) -> None:
+        """Raise the first out-of-range row id that an earlier gather found but could not report.
+
+        Backends that check ids on the host before copying (the CPU device) raise from
+        :meth:`gather_resident_rows` itself and have nothing to report here. GPU backends check on the
+        device, without a read-back; call this where the step synchronizes anyway (it reads one small
+        device record, waiting for the gathers before it on the current stream).
+
+        Raises:
+            InvalidArgumentError: naming the first bad id (index within its gather, value, valid range)
+                recorded since the last call; the record is then cleared.
+        """
 
     def _check_gather_device(self, source: object, destination: object) -> None:
         """The checks that read no data: both tensors on this device, and a writable destination apart

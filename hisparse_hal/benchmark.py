@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import dataclasses
 import json
+import os
 import statistics
 import time
 from typing import Callable
@@ -180,15 +181,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--swap-mib", type=int, default=64, help="bytes per swap case, in MiB (default 64)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per path (median reported)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--plot", default=None, metavar="FILE.png",
+                        help="also draw swap GB/s against block size (needs the [plot] extra: matplotlib)")
+    parser.add_argument("--submission", action="store_true",
+                        help="instead: host cost from swap_blocks_batch to the vendor batch call, through the "
+                        "SIMULATED CUDA driver and HIP runtime of a source checkout, beside plain Python marshalling")
+
+
+def _run_submission(args: argparse.Namespace) -> int:
+    from .submission_bench import bench_submission, marginal_ns
+
+    repeats = max(args.repeats, 50)
+    figures = bench_submission(repeats)
+    print(f"swap submission host cost, SIMULATED vendor libraries, vendor batch call stubbed out (torch {torch.__version__}, "
+          f"load {os.getloadavg()[0]:.2f}); us per swap_blocks_batch, {repeats} runs")
+    print()
+    print(f"{'backend':<52} {'count':>6} {'calls':>5} {'best us':>8} {'median us':>9} {'plain us':>9} {'x plain':>8}")
+    for f in figures:
+        print(f"{f.backend:<52} {f.descriptors:>6} {f.vendor_calls:>5} {f.ours_best_us:>8.1f} {f.ours_median_us:>9.1f} "
+              f"{f.plain_us:>9.0f} {f.speedup_vs_plain:>7.0f}x")
+    print()
+    for name in dict.fromkeys(f.backend for f in figures):
+        extra = marginal_ns(figures, name)
+        if extra is not None:
+            print(f"{name}: {extra:.1f} ns per extra descriptor (fastest runs, smallest to largest batch)")
+    print("plain = a Python loop checking each descriptor against the regions and building three ctypes arrays")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"submission": [dict(dataclasses.asdict(f), speedup_vs_plain=f.speedup_vs_plain) for f in figures]},
+                      handle, indent=2)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print a table; returns the exit code."""
+    if getattr(args, "submission", False):
+        return _run_submission(args)
     backend = get_backend(args.backend)
     with _side_stream(backend.device):
         swaps = bench_swaps(backend, args.swap_mib << 20, args.repeats)
     gathers = bench_gathers(backend, args.repeats)
-    print(f"backend {backend.name} on {backend.device} (torch {torch.__version__}); GB/s, median of {args.repeats}")
+    print(f"backend {backend.name} on {backend.device} (torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"load {os.getloadavg()[0]:.2f}); GB/s, median of {args.repeats}")
     print()
     print("swap_blocks_batch: device->host, permuted destinations")
     print(f"{'block':>8} {'count':>7} {'ours':>8} {'loop':>8} {'one copy':>9} {'x loop':>7} {'of limit':>8} {'check us':>9}  loop kind")
@@ -200,6 +234,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'rows':>8} {'ours':>8} {'reference':>10} {'one copy':>9} {'x ref':>7}")
     for g in gathers:
         print(f"{g.rows:>8} {g.ours_gbps:>8.2f} {g.reference_gbps:>10.2f} {g.one_copy_gbps:>9.2f} {g.speedup_vs_reference:>6.1f}x")
+    if getattr(args, "plot", None):
+        from .bench_plot import plot_swaps
+
+        plot_swaps(swaps, args.plot, f"swap_blocks_batch on {backend.name} ({backend.device}), device->host, "
+                   f"{args.swap_mib} MiB per case, permuted destinations; torch {torch.__version__}")
+        print(f"plot written to {args.plot}")
     if args.json:
         payload = {
             "backend": backend.name,

@@ -2,7 +2,9 @@
 
 Semantics match the reference ``gather_resident_rows``: row id = block * block_size + offset, ``-1``
 reads row 0, and when dtypes differ the bytes are preserved (a ``view``), never converted. The payload
-moves through a single ``index_select(..., out=destination)`` over a strided view of the source.
+moves through a single ``index_select(..., out=destination)`` over a strided view of the source. Ids are
+range-checked either on the host (:func:`check_row_ids`) or, with no read-back, on the device into a
+fault record (:func:`new_fault_record`, :func:`raise_recorded_fault`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,18 @@ import torch
 
 from .errors import InvalidArgumentError
 
-__all__ = ["check_gather_destination", "check_row_ids", "gather_rows", "reference_gather_rows", "source_row_view"]
+__all__ = [
+    "check_gather_destination",
+    "check_row_ids",
+    "gather_rows",
+    "new_fault_record",
+    "raise_recorded_fault",
+    "reference_gather_rows",
+    "source_row_view",
+]
+
+#: Slots of a fault record: set flag, index of the first bad id, its value, and the row count it broke.
+_FLAG, _INDEX, _VALUE, _TOTAL = range(4)
 
 
 def source_row_view(source: torch.Tensor, destination_dtype: torch.dtype) -> tuple[torch.Tensor, int, int]:
@@ -112,6 +125,51 @@ def check_gather_destination(source: torch.Tensor, destination: torch.Tensor) ->
         )
 
 
+def _range_message(index: int, value: int, total: int, block_size: int) -> str:
+    return (
+        f"gather row_ids[{index}] = {value} is out of range: ids must be -1 "
+        f"(not resident) or in [0, {total}) for {total // block_size} blocks of {block_size} rows"
+    )
+
+
+def new_fault_record(device: torch.device) -> torch.Tensor:
+    """A zeroed device-side fault record for :func:`gather_rows` (``int64[5]``, lives on ``device``)."""
+    return torch.zeros(5, dtype=torch.int64, device=device)
+
+
+def _clamp_and_record(row_ids: torch.Tensor, total: int, block_size: int, record: torch.Tensor) -> torch.Tensor:
+    """In-range row indices for ``row_ids`` (out-of-range ids clamped to row 0 or the last row), and, in
+    ``record``, the first bad id of the first gather that had one. Only device work: nothing is read back."""
+    clamped = row_ids.clamp(-1, min(total - 1, torch.iinfo(row_ids.dtype).max))  # int32 ids, huge sources
+    bad = clamped != row_ids
+    first = bad.to(torch.uint8).argmax()  # the first True; 0 when there is none (then unused)
+    news = torch.stack((first, row_ids.take(first).to(torch.int64)))
+    take = bad.any() & (record[_FLAG] == 0)
+    record[_INDEX:_VALUE + 1] = torch.where(take, news, record[_INDEX:_VALUE + 1])
+    record[_TOTAL] = torch.where(take, total, record[_TOTAL])
+    record[_TOTAL + 1] = torch.where(take, block_size, record[_TOTAL + 1])
+    record[_FLAG:_FLAG + 1].add_(take)
+    return clamped.clamp_min(0)
+
+
+def raise_recorded_fault(record: torch.Tensor) -> None:
+    """Read a fault record (one device-to-host read, which waits for the gathers before it on the current
+    stream) and, when a gather recorded a bad id, clear the record and raise.
+
+    Raises:
+        InvalidArgumentError: naming the first out-of-range id recorded since the record was last cleared
+            (its index within its gather, its value and the valid range).
+    """
+    flag, index, value, total, block_size = record.tolist()
+    if flag:
+        record.zero_()
+        raise InvalidArgumentError(
+            _range_message(index, value, total, block_size)
+            + "; found by the device-side check after the gather ran: that gather's destination holds "
+            "clamped rows (row 0 or the last row) for the bad ids, discard it"
+        )
+
+
 def check_row_ids(row_ids: torch.Tensor, num_blocks: int, block_size: int) -> None:
     """Check every id is ``-1`` or a row of a ``num_blocks x block_size`` source (one reduction,
     which a GPU reads back to the host).
@@ -125,10 +183,7 @@ def check_row_ids(row_ids: torch.Tensor, num_blocks: int, block_size: int) -> No
     low, high = (int(v) for v in torch.aminmax(row_ids))
     if low < -1 or high >= total:
         bad = int(((row_ids < -1) | (row_ids >= total)).nonzero()[0])
-        raise InvalidArgumentError(
-            f"gather row_ids[{bad}] = {int(row_ids[bad])} is out of range: ids must be -1 "
-            f"(not resident) or in [0, {total}) for {num_blocks} blocks of {block_size} rows"
-        )
+        raise InvalidArgumentError(_range_message(bad, int(row_ids[bad]), total, block_size))
 
 
 def gather_rows(
@@ -137,6 +192,7 @@ def gather_rows(
     row_ids: torch.Tensor,
     *,
     check_range: bool = True,
+    fault_record: torch.Tensor | None = None,
 ) -> None:
     """Copy ``source`` rows named by ``row_ids`` into ``destination``, preserving bytes.
 
@@ -144,8 +200,11 @@ def gather_rows(
         source: ``[num_blocks, block_size, row_width]``, possibly strided.
         destination: ``len(row_ids)`` rows whose byte width equals a source row's; contiguous.
         row_ids: 1-D int32/int64 on the same device; ``-1`` reads row 0.
-        check_range: reject ids outside ``[-1, num_blocks * block_size)``. On a GPU this reads one
-            reduction back to the host, so a capture-time caller passes False.
+        check_range: reject ids outside ``[-1, num_blocks * block_size)`` before copying. On a GPU this
+            reads one reduction back to the host, so GPU callers pass a ``fault_record`` instead.
+        fault_record: from :func:`new_fault_record`: check on the device instead, with no read-back. Out of
+            range ids then read a clamped row and the first one is recorded for
+            :func:`raise_recorded_fault`; ``check_range`` is ignored.
 
     Raises:
         InvalidArgumentError: wrong types, devices or shapes; an id out of range (naming its index and
@@ -169,9 +228,12 @@ def gather_rows(
     check_gather_destination(source, destination)
     if n == 0:
         return
-    if check_range:
-        check_row_ids(row_ids, num_blocks, block_size)
-    index = row_ids.clamp_min(0)
+    if fault_record is not None:
+        index = _clamp_and_record(row_ids, num_blocks * block_size, block_size, fault_record)
+    else:
+        if check_range:
+            check_row_ids(row_ids, num_blocks, block_size)
+        index = row_ids.clamp_min(0)
     if block_step != block_size or offset_step != 1:
         index = torch.div(index, block_size, rounding_mode="floor") * block_step + (index % block_size) * offset_step
     torch.index_select(rows, 0, index, out=destination.view(n, width))

@@ -1,12 +1,14 @@
 """Known memory regions and the vectorized check of swap descriptors against them.
 
 Invariant: a swap batch reaches a copy engine only if every descriptor's source and destination range
-lies wholly inside one known region. The check is vectorized (no per-descriptor Python) and names the
-first bad descriptor; a rejected batch copies nothing.
+lies wholly inside one known region. The check is vectorized (no per-descriptor Python): two reductions
+prove a side that spans one region, a ``searchsorted`` checks the rest; it names the first bad
+descriptor, and a rejected batch copies nothing.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import threading
 from typing import Iterator
@@ -54,7 +56,9 @@ class SwapBatch:
     """A validated swap batch: contiguous int64 CPU tensors the caller may reuse after the call.
 
     ``src_region`` and ``dst_region`` hold, per descriptor, the index into ``regions`` of the region
-    that contains it.
+    that contains it (a stride-0 view when one region holds the whole side). ``size_range`` is
+    ``(smallest, largest)`` of ``sizes`` when known (the check computes it), so copy paths need no
+    further pass to find zero-byte or uniform descriptors.
     """
 
     src: torch.Tensor
@@ -63,6 +67,16 @@ class SwapBatch:
     src_region: torch.Tensor
     dst_region: torch.Tensor
     regions: tuple[Region, ...]
+    size_range: tuple[int, int] | None = None
+
+    def size_bounds(self) -> tuple[int, int]:
+        """``(smallest, largest)`` size; ``(0, 0)`` for an empty batch."""
+        if self.size_range is not None:
+            return self.size_range
+        if self.count == 0:
+            return (0, 0)
+        low, high = torch.aminmax(self.sizes)
+        return int(low), int(high)
 
     @property
     def count(self) -> int:
@@ -73,8 +87,8 @@ class SwapBatch:
         """The common byte count when every descriptor has the same size, else None."""
         if self.count == 0:
             return None
-        first = int(self.sizes[0])
-        return first if bool((self.sizes == first).all()) else None
+        low, high = self.size_bounds()
+        return low if low == high else None
 
     def chunks(self, cap: int | None) -> Iterator["SwapBatch"]:
         """Split into consecutive batches of at most ``cap`` descriptors (one batch when cap is None)."""
@@ -90,6 +104,8 @@ class SwapBatch:
                 self.src_region[begin:end],
                 self.dst_region[begin:end],
                 self.regions,
+                # Uniform sizes stay exact for every chunk; other bounds are recomputed on demand.
+                self.size_range if self.size_range is not None and self.size_range[0] == self.size_range[1] else None,
             )
 
 
@@ -138,6 +154,7 @@ class RegionTable:
         self._regions: list[Region] = []
         self._starts = torch.empty(0, dtype=torch.int64)
         self._ends = torch.empty(0, dtype=torch.int64)
+        self._start_list: list[int] = []
 
     def __len__(self) -> int:
         return len(self._regions)
@@ -206,6 +223,7 @@ class RegionTable:
         self._regions.sort(key=lambda r: r.start)
         self._starts = torch.tensor([r.start for r in self._regions], dtype=torch.int64)
         self._ends = torch.tensor([r.end for r in self._regions], dtype=torch.int64)
+        self._start_list = [r.start for r in self._regions]
 
     def check_swap_batch(self, src: object, dst: object, sizes: object) -> SwapBatch:
         """Validate a whole swap batch before anything is copied.
@@ -227,20 +245,52 @@ class RegionTable:
         check_descriptor_tensors(src, dst, sizes)
         assert isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)
         assert isinstance(sizes, torch.Tensor)
-        # Copies, not views: the caller may overwrite its arrays as soon as we return.
-        src = src.clone(memory_format=torch.contiguous_format)
-        dst = dst.clone(memory_format=torch.contiguous_format)
-        sizes = sizes.clone(memory_format=torch.contiguous_format)
         with self._lock:
             regions = tuple(self._regions)
             starts, ends = self._starts, self._ends
-        if src.numel() == 0:
+            start_list = self._start_list
+        n = src.numel()
+        # One copy of all three arrays, not views: the caller may overwrite its arrays as soon as we
+        # return (and another thread could edit them between this check and the copy engine).
+        packed, bounds = _pack_with_bounds(src, dst, sizes)
+        src, dst, sizes = packed[0], packed[1], packed[2]
+        if n == 0:
             empty = torch.empty(0, dtype=torch.int64)
-            return SwapBatch(src, dst, sizes, empty, empty, regions)
+            return SwapBatch(src, dst, sizes, empty, empty, regions, (0, 0))
+        (src_low, src_high), (dst_low, dst_high), (low_size, high_size) = bounds
+        if low_size >= 0:
+            src_region = self._span_region(src_low, src_high + high_size, start_list, regions, n)
+            dst_region = self._span_region(dst_low, dst_high + high_size, start_list, regions, n)
+            if src_region is not None and dst_region is not None:
+                return SwapBatch(src, dst, sizes, src_region, dst_region, regions, (low_size, high_size))
+        return self._check_each(packed, regions, starts, ends, (low_size, high_size))
 
+    @staticmethod
+    def _span_region(
+        low: int, high_end: int, start_list: list[int], regions: tuple[Region, ...], n: int
+    ) -> torch.Tensor | None:
+        """Per-descriptor region index (a stride-0 view) when one region holds ``[low, high_end)``,
+        which then holds every descriptor of the side; None when no single region does."""
+        k = bisect.bisect_right(start_list, low) - 1
+        if k < 0 or high_end > regions[k].end:
+            return None
+        return _region_index(k).expand(n)
+
+    def _check_each(
+        self,
+        packed: torch.Tensor,
+        regions: tuple[Region, ...],
+        starts: torch.Tensor,
+        ends: torch.Tensor,
+        size_range: tuple[int, int],
+    ) -> SwapBatch:
+        """The per-descriptor check of a ``[src; dst; sizes]`` batch whose sides span several regions, or
+        that is bad: one ``searchsorted`` over both address rows."""
+        src, dst, sizes = packed[0], packed[1], packed[2]
         negative = sizes < 0
-        src_region, src_ok = _locate(src, sizes, starts, ends)
-        dst_region, dst_ok = _locate(dst, sizes, starts, ends)
+        located, ok = _locate(packed[:2], sizes, starts, ends)
+        src_region, dst_region = located[0], located[1]
+        src_ok, dst_ok = ok[0], ok[1]
         bad = negative | ~(src_ok & dst_ok)
         if bool(bad.any()):
             i = int(bad.nonzero()[0])  # the first bad descriptor, whatever is wrong with it
@@ -256,7 +306,7 @@ class RegionTable:
                 "or register the region explicitly",
                 i,
             )
-        return SwapBatch(src, dst, sizes, src_region, dst_region, regions)
+        return SwapBatch(src, dst, sizes, src_region, dst_region, regions, size_range)
 
     @staticmethod
     def _why_outside(address: int, size: int, regions: tuple[Region, ...]) -> str:
@@ -269,15 +319,59 @@ class RegionTable:
         return "is not inside any known region"
 
 
+_REGION_INDICES = torch.arange(64, dtype=torch.int64)
+
+
+def _region_index(k: int) -> torch.Tensor:
+    """A one-element int64 tensor holding ``k`` (a view of a shared table for small ``k``)."""
+    return _REGION_INDICES[k:k + 1] if k < _REGION_INDICES.numel() else torch.full((1,), k, dtype=torch.int64)
+
+
+#: Descriptors copied and reduced per step of the check. Three rows of this many int64 stay below torch's
+#: intra-op parallel grain (32,768 elements), so the check runs on the calling thread only: on a busy host
+#: each wake of torch's thread pool cost milliseconds (hisparse-hal bench, docs/benchmarks.md).
+CHECK_PIECE = 8192
+
+
+def _pack_with_bounds(
+    src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor
+) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Copy the three descriptor rows into one ``[3, n]`` tensor and return it with each row's
+    ``(min, max)`` (``(0, 0)`` when empty), in pieces of :data:`CHECK_PIECE` descriptors."""
+    n = src.numel()
+    if n <= CHECK_PIECE:
+        packed = torch.stack((src, dst, sizes))
+        return packed, [_bounds(row) if n else (0, 0) for row in packed]
+    packed = torch.empty((3, n), dtype=torch.int64)
+    lows, highs = [[], [], []], [[], [], []]  # type: list[list[int]], list[list[int]]
+    for begin in range(0, n, CHECK_PIECE):
+        end = min(begin + CHECK_PIECE, n)
+        for row, values in enumerate((src, dst, sizes)):
+            piece = packed[row, begin:end]
+            piece.copy_(values[begin:end])
+            low, high = _bounds(piece)
+            lows[row].append(low)
+            highs[row].append(high)
+    return packed, [(min(lows[row]), max(highs[row])) for row in range(3)]
+
+
+def _bounds(values: torch.Tensor) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty 1-D tensor as Python ints."""
+    low, high = torch.aminmax(values)
+    return int(low), int(high)
+
+
 def _locate(
     addresses: torch.Tensor, sizes: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per address: index of the last region starting at or before it, and whether the whole range
-    [address, address + size) fits inside that region. Written to avoid int64 overflow."""
+    """For ``[sides, n]`` contiguous addresses: per address, the index of the last region starting at or
+    before it, and whether ``[address, address + size)`` fits inside that region (one ``searchsorted``;
+    written to avoid int64 overflow)."""
     if starts.numel() == 0:
         return torch.zeros_like(addresses), torch.zeros_like(addresses, dtype=torch.bool)
-    index = torch.searchsorted(starts, addresses, right=True) - 1
+    index = torch.searchsorted(starts, addresses.reshape(-1), right=True).view(addresses.shape) - 1
     safe = index.clamp_min(0)
-    room = ends[safe] - addresses  # bytes from address to the region's end
-    ok = (index >= 0) & (addresses >= starts[safe]) & (room >= sizes)
+    room = ends.take(safe) - addresses  # bytes from address to the region's end
+    # index >= 0 means starts[index] <= address: searchsorted found the last start at or before it.
+    ok = (index >= 0) & (room >= sizes)
     return safe, ok

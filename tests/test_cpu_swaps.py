@@ -60,7 +60,7 @@ def test_swap_moves_uniform_blocks_to_permuted_destinations(backend, cache_and_p
     dst = pool.data_ptr() + perm * BLOCK
     backend.swap_blocks_batch(src, dst, torch.full((64,), BLOCK))
     assert torch.equal(pool[perm], cache)
-    assert backend.last_swap == byte_copy.SwapMoveReport(vectorized=64, looped=0, hazard=False)
+    assert backend.last_swap == byte_copy.SwapMoveReport(vectorized=64, looped=0, hazard=False, one_pass=64)
 
 
 def test_swap_of_50000_uniform_656_byte_descriptors_is_vectorized_and_byte_exact(backend, monkeypatch):
@@ -328,3 +328,63 @@ def test_memmove_each_copies_in_order():
     base = ctypes.addressof(buffer)
     byte_copy.memmove_each(_i64([base, base + 1]), _i64([base + 1, base + 2]), _i64([1, 1]))
     assert list(buffer) == [0, 0, 0, 3, 4, 5, 6, 7]
+
+
+def test_swap_whose_sources_tile_a_run_scatters_in_one_pass(backend):
+    cache = _random_bytes(64 * BLOCK, seed=21).view(64, BLOCK)
+    pool = torch.zeros(256, BLOCK, dtype=torch.uint8)
+    backend.register_region(cache.data_ptr(), cache.numel(), "cache")
+    backend.pin_tensor(pool)
+    slots = torch.randperm(256, generator=torch.Generator().manual_seed(22))[:64]  # scattered, not a run
+    order = torch.randperm(64, generator=torch.Generator().manual_seed(23))
+    backend.swap_blocks_batch(cache.data_ptr() + order * BLOCK, pool.data_ptr() + slots * BLOCK,
+                              torch.full((64,), BLOCK))
+    assert torch.equal(pool[slots], cache[order])
+    untouched = torch.ones(256, dtype=torch.bool)
+    untouched[slots] = False
+    assert pool[untouched].eq(0).all()
+    assert backend.last_swap == byte_copy.SwapMoveReport(vectorized=64, looped=0, hazard=False, one_pass=64)
+    backend.unpin_tensor(pool)
+
+
+def test_swap_of_large_blocks_into_a_run_is_one_vectorized_pass(backend, monkeypatch):
+    size, n = 64 << 10, 16
+    memory = _random_bytes(n * size, seed=24)
+    out = torch.zeros(n * size, dtype=torch.uint8)
+    backend.register_region(memory.data_ptr(), memory.numel(), "device")
+    backend.pin_tensor(out)
+    monkeypatch.setattr(byte_copy, "memmove_each", lambda *a: pytest.fail("memmove fallback used"))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(25))
+    backend.swap_blocks_batch(memory.data_ptr() + perm * size, out.data_ptr() + torch.arange(n) * size,
+                              torch.full((n,), size))
+    assert torch.equal(out.view(n, size), memory.view(n, size)[perm])
+    assert backend.last_swap == byte_copy.SwapMoveReport(vectorized=n, looped=0, hazard=False, one_pass=n)
+    backend.unpin_tensor(out)
+
+
+def test_swap_of_large_blocks_scattered_on_both_sides_uses_memmove_in_batch_order(backend):
+    size, n = 64 << 10, 16
+    memory = _random_bytes(2 * n * size, seed=26)
+    out = torch.zeros(2 * n * size, dtype=torch.uint8)
+    backend.register_region(memory.data_ptr(), memory.numel(), "device")
+    backend.pin_tensor(out)
+    src_slots = torch.randperm(2 * n, generator=torch.Generator().manual_seed(27))[:n]
+    dst_slots = torch.randperm(2 * n, generator=torch.Generator().manual_seed(28))[:n]
+    backend.swap_blocks_batch(memory.data_ptr() + src_slots * size, out.data_ptr() + dst_slots * size,
+                              torch.full((n,), size))
+    assert torch.equal(out.view(2 * n, size)[dst_slots], memory.view(2 * n, size)[src_slots])
+    assert backend.last_swap == byte_copy.SwapMoveReport(vectorized=0, looped=n, hazard=False)
+    backend.unpin_tensor(out)
+
+
+def test_swap_into_a_run_with_a_duplicate_destination_is_not_taken_for_a_run(backend):
+    cache = _random_bytes(64 * BLOCK, seed=29).view(64, BLOCK)
+    pool = torch.zeros(64, BLOCK, dtype=torch.uint8)
+    backend.register_region(cache.data_ptr(), cache.numel(), "cache")
+    backend.pin_tensor(pool)
+    slots = [0, 0] + list(range(2, 64))  # 64 destinations over 64 slots, slot 1 never written
+    backend.swap_blocks_batch(cache.data_ptr() + torch.arange(64) * BLOCK, pool.data_ptr() + _i64(slots) * BLOCK,
+                              torch.full((64,), BLOCK))
+    assert torch.equal(pool[0], cache[1]) and pool[1].eq(0).all() and torch.equal(pool[2:], cache[2:])
+    assert backend.last_swap.hazard
+    backend.unpin_tensor(pool)

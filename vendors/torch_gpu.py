@@ -28,6 +28,7 @@ from hisparse_hal.errors import (
     InvalidArgumentError,
 )
 from hisparse_hal.events import HalEvent
+from hisparse_hal.gather import gather_rows, new_fault_record, raise_recorded_fault
 from hisparse_hal.regions import SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
 
@@ -241,6 +242,7 @@ class TorchGpuBackend(HiSparseBackend):
         self._batch_copy_mode = "auto"
         #: The copy path of the last swap: ``"batch"`` or ``"loop"`` (for tests, benchmarks, logs).
         self.last_swap_path: str | None = None
+        self._fault_record: torch.Tensor | None = None  # made on the first gather (device memory)
 
     # ----------------------------------------------------------------- identity
     @property
@@ -328,6 +330,33 @@ class TorchGpuBackend(HiSparseBackend):
                 except DeviceRuntimeError as error:
                     raise _shift_error(error, offset) from error
                 offset += chunk.count
+
+    # ----------------------------------------------------------------- gathers
+    def gather_resident_rows(self, source: torch.Tensor, destination: torch.Tensor, row_ids: torch.Tensor) -> None:
+        """One-pass gather (see the base class) that never reads back to the host, captured or not.
+
+        Ids are range-checked on the device: an out-of-range id reads a clamped row (row 0 or the last
+        row, never memory outside ``source``) and the first one is kept in a device-side record. The
+        caller learns of it from :meth:`raise_gather_faults` (``InvalidArgumentError`` naming the id), which
+        it calls where the step synchronizes anyway. Captured gathers check on every replay.
+
+        Raises:
+            InvalidArgumentError: bad types, devices or shapes (found on the host, before any device work).
+        """
+        self._check_gather_device(source, destination)
+        if self._fault_record is None:
+            # The first gather normally runs eagerly (engines warm up before they capture).
+            self._fault_record = new_fault_record(self._device)
+        gather_rows(source, destination, row_ids, fault_record=self._fault_record)
+
+    def raise_gather_faults(self) -> None:
+        """Read the device-side gather fault record (waits for the gathers before it on the current stream).
+
+        Raises:
+            InvalidArgumentError: naming the first out-of-range id since the last call (then cleared).
+        """
+        if self._fault_record is not None:
+            raise_recorded_fault(self._fault_record)
 
     # ----------------------------------------------------------------- host pinning
     def pin_tensor(self, tensor: torch.Tensor) -> None:
@@ -480,6 +509,8 @@ def nonempty_descriptors(batch: SwapBatch) -> tuple[torch.Tensor, torch.Tensor, 
     rapidsai/rmm #2509), so runtimes leave such descriptors out. ``positions`` maps each kept
     descriptor back to its index in ``batch`` for error messages; it is None when every one is kept.
     """
+    if batch.size_range is not None and batch.size_range[0] > 0:
+        return batch.dst, batch.src, batch.sizes, None  # the check's bounds already exclude zero sizes
     keep = batch.sizes != 0
     if bool(keep.all()):
         return batch.dst, batch.src, batch.sizes, None

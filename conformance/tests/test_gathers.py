@@ -1,19 +1,21 @@
 """Gathers: rows named by id land in staging byte for byte (the reference semantics: row id =
 block * block_size + offset, -1 reads row 0, bytes preserved across dtypes), from contiguous, padded,
-strided and per-layer sources; bad ids are a typed error, never a crash or a partial write."""
+strided and per-layer sources; bad ids are a typed error, never a crash or a read outside the source:
+raised by the gather (host-checked backends, nothing written) or by ``raise_gather_faults`` (device-checked
+GPU backends, which read clamped rows and report without a read-back)."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
+from hisparse_hal.conformance.arenas import park_cache_regions, random_bytes, synchronize
 
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.gather import reference_gather_rows
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
-
-from hisparse_hal.conformance.arenas import park_cache_regions, random_bytes, synchronize
 
 FP8 = torch.float8_e4m3fn
 DS_MLA_ROW = 656
@@ -218,10 +220,18 @@ def test_gather_rejects_an_out_of_range_id_naming_it(backend, bad, id_dtype):
     ids = _ids([0, 5, -1, bad, 7], id_dtype, backend.device)
     destination = _random((5, 32), torch.uint8, 18, backend.device)
     before = destination.to("cpu")
-    with pytest.raises(InvalidArgumentError, match=rf"row_ids\[3\] = {bad}\b"):
+    try:
         backend.gather_resident_rows(source, destination, ids)
-    synchronize(backend.device)
-    assert torch.equal(destination.to("cpu"), before), "a rejected gather must not write the destination"
+    except InvalidArgumentError as error:  # checked on the host before copying: nothing written
+        assert re.search(rf"row_ids\[3\] = {bad}\b", str(error)), str(error)
+        synchronize(backend.device)
+        assert torch.equal(destination.to("cpu"), before), "a rejected gather must not write the destination"
+        backend.raise_gather_faults()  # an eagerly reported id is not reported twice
+        return
+    # Checked on the device (no read-back): reported by raise_gather_faults, exactly once.
+    with pytest.raises(InvalidArgumentError, match=rf"row_ids\[3\] = {bad}\b"):
+        backend.raise_gather_faults()
+    backend.raise_gather_faults()
 
 
 def test_gather_rejects_ids_of_a_float_dtype(backend):

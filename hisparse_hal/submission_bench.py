@@ -1,0 +1,250 @@
+"""``hisparse-hal bench --submission``: host cost from ``swap_blocks_batch`` to the vendor batch call.
+
+Drives the real GPU backends (``CudaBackend`` + ``CudaDriver``, ``RocmBackend`` + ``HipRuntime``) over the
+SIMULATED vendor libraries of the source checkout's ``tests/`` folder, which is why this needs a checkout.
+The vendor batch call is replaced by a stub that only counts, so the figure is validation plus descriptor
+marshalling plus binding overhead, excluding the copy itself. Nothing here runs on, or says anything about, a GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import dataclasses
+import importlib
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+
+from .backend import HiSparseBackend
+from .errors import BackendUnavailableError, InvalidDescriptorError
+
+__all__ = [
+    "SubmissionFigure",
+    "bench_submission",
+    "marginal_ns",
+    "plain_marshalling",
+    "load_simulator",
+    "SUBMISSION_COUNTS",
+]
+
+SUBMISSION_COUNTS = (8192, 16384, 65536)
+_BLOCK = 656
+_STREAM = 0x5A00  # any non-legacy stream handle: the batch call refuses the legacy one
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmissionFigure:
+    """Host microseconds for one batch of ``descriptors`` on ``backend``: ours (fastest and median run)
+    and the plain alternative (median)."""
+
+    backend: str
+    descriptors: int
+    vendor_calls: int
+    ours_best_us: float
+    ours_median_us: float
+    plain_us: float
+
+    @property
+    def speedup_vs_plain(self) -> float:
+        """The plain Python marshalling's median time over ours."""
+        return self.plain_us / self.ours_median_us
+
+
+def load_simulator(module: str) -> ModuleType:
+    """Import a simulated vendor library (``sim_cuda_driver``, ``sim_hip_runtime``) from the checkout's tests/.
+
+    Raises:
+        BackendUnavailableError: the package is not running from a source checkout with ``tests/``.
+    """
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    if not (tests / f"{module}.py").is_file():
+        raise BackendUnavailableError(
+            f"bench --submission drives the simulated vendor libraries in tests/{module}.py, which is not "
+            f"present next to the installed package ({tests}); run it from a source checkout "
+            "(pip install -e .)"
+        )
+    if str(tests) not in sys.path:
+        sys.path.insert(0, str(tests))
+    return importlib.import_module(module)
+
+
+def _fixed_stream(backend_class: type[HiSparseBackend]) -> type[HiSparseBackend]:
+    """``backend_class`` with torch's stream and capture state replaced (no torch.cuda on the CPU)."""
+
+    class OnSimulatedStream(backend_class):  # type: ignore[valid-type, misc]
+        def _current_stream_handle(self) -> int:
+            return _STREAM
+
+        def is_current_stream_capturing(self) -> bool:
+            return False
+
+    OnSimulatedStream.__name__ = f"Simulated{backend_class.__name__}"
+    return OnSimulatedStream
+
+
+class _CountingStub:
+    """Stands in for the vendor batch call once the real (simulated) call has been proven: counts, returns 0."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, *args: Any) -> int:
+        self.calls += 1
+        return 0
+
+
+def _cuda_backend(device_memory: torch.Tensor) -> tuple[HiSparseBackend, Callable[[_CountingStub], None]]:
+    sim_module = load_simulator("sim_cuda_driver")
+    from .vendors.cuda.backend import CudaBackend
+    from .vendors.cuda.driver import CudaDriver
+
+    sim = sim_module.SimulatedCudaDriver(12080)
+    start = device_memory.data_ptr()
+    sim._device_memory.append((start, start + device_memory.numel(), device_memory))  # as allocate_device does
+    runtime = CudaDriver(0, sim)
+    backend = _fixed_stream(CudaBackend).for_device(0, 12080, "sm_90", runtime=runtime, device=torch.device("cpu"))
+
+    def install(stub: _CountingStub) -> None:
+        runtime.has_batch_copy()
+        runtime._batch = stub  # benchmark only: exclude the vendor call
+        # In a real process torch's runtime has made the primary context current on this thread, so
+        # each swap costs one cuCtxGetCurrent, not a push and a pop; set the simulation up the same way.
+        sim.cuCtxPushCurrent_v2(runtime._primary_context())
+
+    return backend, install
+
+
+def _rocm_backend(device_memory: torch.Tensor) -> tuple[HiSparseBackend, Callable[[_CountingStub], None]]:
+    sim_module = load_simulator("sim_hip_runtime")
+    sim = sim_module.SimulatedHipRuntime("7.14", run_copies_immediately=True)
+    sim.adopt_device_memory(device_memory)
+    backend = sim_module.simulated_rocm_backend(sim, "gfx950", stream=_STREAM)
+
+    def install(stub: _CountingStub) -> None:
+        backend.runtime._functions["hipMemcpyBatchAsync"] = stub  # benchmark only: exclude the vendor call
+
+    return backend, install
+
+
+def plain_marshalling(
+    regions: list[tuple[int, int]], src: list[int], dst: list[int], sizes: list[int]
+) -> tuple[Any, Any, Any]:
+    """The plain alternative: a Python loop checking each descriptor against sorted ``(start, end)``
+    regions and building the three ``uint64`` arrays a vendor batch call takes.
+
+    Raises:
+        InvalidDescriptorError: a descriptor outside every region (naming it).
+    """
+    starts = [start for start, _ in regions]
+    out_dst, out_src, out_sizes = [], [], []
+    for i, (s, d, n) in enumerate(zip(src, dst, sizes)):
+        for address in (s, d):
+            k = bisect.bisect_right(starts, address) - 1
+            if n < 0 or k < 0 or address + n > regions[k][1]:
+                raise InvalidDescriptorError(
+                    f"swap descriptor {i} at {address:#x} ({n} bytes) is outside every region", i
+                )
+        if n:
+            out_dst.append(d)
+            out_src.append(s)
+            out_sizes.append(n)
+    array = ctypes.c_uint64 * len(out_sizes)
+    return array(*out_dst), array(*out_src), array(*out_sizes)
+
+
+def _times_us(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """``(fastest, median)`` microseconds of ``repeats`` timed runs after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e6, statistics.median(times) * 1e6
+
+
+def bench_submission(repeats: int = 200, counts: tuple[int, ...] = SUBMISSION_COUNTS) -> list[SubmissionFigure]:
+    """Measure, per simulated GPU backend and batch size, the host time of ``swap_blocks_batch`` with the
+    vendor batch call stubbed out, beside the plain Python marshalling of the same descriptors.
+
+    The first swap of each backend goes through the simulated vendor call and its bytes are checked, so
+    the stubbed runs time the path that is proven to copy correctly.
+
+    Raises:
+        BackendUnavailableError: not a source checkout (see :func:`load_simulator`).
+        AssertionError: the proving swap moved wrong bytes.
+    """
+    largest = max(counts)
+    seeded = torch.Generator().manual_seed(3)
+    device_memory = torch.randint(0, 256, (largest * _BLOCK,), dtype=torch.uint8, generator=seeded)
+    host = torch.zeros(largest * _BLOCK, dtype=torch.uint8)
+    generator = torch.Generator().manual_seed(4)
+    figures = []
+    for label, build in (("cuda (simulated driver 12.8)", _cuda_backend), ("rocm (simulated HIP 7.14)", _rocm_backend)):
+        backend, install_stub = build(device_memory)
+        region = backend.register_region(device_memory.data_ptr(), device_memory.numel(), "bench device memory",
+                                         device=torch.device("cuda", 0))
+        backend.pin_tensor(host)
+        try:
+            proof = torch.arange(64, dtype=torch.int64)
+            host.zero_()
+            backend.swap_blocks_batch(device_memory.data_ptr() + proof * _BLOCK,
+                                      host.data_ptr() + proof.flip(0) * _BLOCK,
+                                      torch.full((64,), _BLOCK, dtype=torch.int64))
+            moved, wanted = host[: 64 * _BLOCK].view(64, _BLOCK).flip(0), device_memory[: 64 * _BLOCK].view(64, _BLOCK)
+            if not torch.equal(moved, wanted):
+                raise AssertionError(f"{label}: the proving swap moved wrong bytes")
+            stub = _CountingStub()
+            install_stub(stub)
+            table = sorted((r.start, r.end) for r in backend.regions)
+            for count in counts:
+                src = device_memory.data_ptr() + torch.randperm(largest, generator=generator)[:count] * _BLOCK
+                dst = host.data_ptr() + torch.randperm(largest, generator=generator)[:count] * _BLOCK
+                sizes = torch.full((count,), _BLOCK, dtype=torch.int64)
+                stub.calls = 0
+                best, median = _times_us(lambda: backend.swap_blocks_batch(src, dst, sizes), repeats)
+                calls = stub.calls // (repeats + 1)
+                lists = src.tolist(), dst.tolist(), sizes.tolist()
+                _, plain = _times_us(lambda: plain_marshalling(table, *lists), max(3, repeats // 20))
+                figures.append(SubmissionFigure(label, count, calls, best, median, plain))
+            # Sources spread over four regions (four cache layers, say): the span test fails for that side
+            # and the per-descriptor searchsorted check runs.
+            backend.unregister_region(region)
+            quarter = device_memory.numel() // 4
+            layers = [backend.register_region(device_memory.data_ptr() + i * quarter, quarter, f"bench layer {i}",
+                                              device=torch.device("cuda", 0)) for i in range(4)]
+            table = sorted((r.start, r.end) for r in backend.regions)
+            count = min(counts)
+            src = device_memory.data_ptr() + torch.randperm(largest, generator=generator)[:count] * _BLOCK
+            dst = host.data_ptr() + torch.randperm(largest, generator=generator)[:count] * _BLOCK
+            sizes = torch.full((count,), _BLOCK, dtype=torch.int64)
+            stub.calls = 0
+            best, median = _times_us(lambda: backend.swap_blocks_batch(src, dst, sizes), repeats)
+            lists = src.tolist(), dst.tolist(), sizes.tolist()
+            _, plain = _times_us(lambda: plain_marshalling(table, *lists), max(3, repeats // 20))
+            figures.append(SubmissionFigure(f"{label}, sources in 4 regions", count, stub.calls // (repeats + 1),
+                                            best, median, plain))
+            for layer in layers:
+                backend.unregister_region(layer)
+            region = backend.register_region(device_memory.data_ptr(), device_memory.numel(), "bench device memory",
+                                             device=torch.device("cuda", 0))
+        finally:
+            backend.unpin_tensor(host)
+            backend.unregister_region(region)
+    return figures
+
+
+def marginal_ns(figures: list[SubmissionFigure], backend: str) -> float | None:
+    """Nanoseconds per descriptor beyond the smallest batch (fastest runs of the smallest and largest
+    batch measured on ``backend``); None with fewer than two sizes."""
+    rows = sorted((f for f in figures if f.backend == backend), key=lambda f: f.descriptors)
+    if len(rows) < 2:
+        return None
+    a, b = rows[0], rows[-1]
+    return (b.ours_best_us - a.ours_best_us) * 1e3 / (b.descriptors - a.descriptors)

@@ -1,0 +1,134 @@
+"""The GPU layer's gather checks row ids on the device: no read-back to the host, a bad id reported later.
+
+CPU tensors stand in for device memory (a simulated ROCm backend on the CPU device); a dispatch mode
+fails on every operator that would read a device value back to the host. The last test runs the same
+gather on a real GPU under ``torch.cuda.set_sync_debug_mode("error")`` and is skipped without one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hisparse_hal.vendors.cpu.backend import CpuBackend
+from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hisparse_hal.errors import InvalidArgumentError
+from hisparse_hal.gather import gather_rows
+
+aten = torch.ops.aten
+
+#: Operators that read a tensor's value (or a data-dependent size) back to the host.
+HOST_READS = {
+    aten._local_scalar_dense.default,
+    aten.item.default,
+    aten.is_nonzero.default,
+    aten.equal.default,
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten._unique2.default,
+    aten.unique_consecutive.default,
+    aten.allclose.default,
+}
+
+
+class HostReadGuard(TorchDispatchMode):
+    """Fails on any operator in :data:`HOST_READS`; records every operator seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.seen.append(str(func))
+        if func in HOST_READS:
+            raise AssertionError(f"host read-back: {func}")
+        return func(*args, **(kwargs or {}))
+
+
+def _source() -> torch.Tensor:
+    return torch.arange(4 * 8 * 16, dtype=torch.int32).to(torch.uint8).view(4, 8, 16)
+
+
+@pytest.fixture
+def gpu_layer():
+    return simulated_rocm_backend(SimulatedHipRuntime("7.14"))
+
+
+def test_guard_catches_the_host_side_range_check():
+    """The guard is not blind: the host-checked gather (what the CPU device uses) trips it."""
+    source, out = _source(), torch.empty(2, 16, dtype=torch.uint8)
+    with pytest.raises(AssertionError, match="host read-back"):
+        with HostReadGuard():
+            gather_rows(source, out, torch.tensor([1, 2]), check_range=True)
+
+
+@pytest.mark.parametrize("ids", [[3, -1, 31], [3, 32, -5]], ids=["valid_ids", "out_of_range_ids"])
+def test_gpu_layer_gather_reads_nothing_back_to_the_host(gpu_layer, ids):
+    source, out = _source(), torch.empty(3, 16, dtype=torch.uint8)
+    row_ids = torch.tensor(ids)
+    with HostReadGuard() as guard:
+        gpu_layer.gather_resident_rows(source, out, row_ids)
+    assert "aten.index_select.out" in guard.seen  # the gather ran under the guard
+    rows = source.view(-1, 16)
+    assert torch.equal(out[0], rows[3])
+
+
+def test_gpu_layer_reports_an_out_of_range_id_through_raise_gather_faults(gpu_layer):
+    source, out = _source(), torch.empty(3, 16, dtype=torch.uint8)
+    gpu_layer.gather_resident_rows(source, out, torch.tensor([3, 32, -1]))  # does not raise: nothing read back
+    rows = source.view(-1, 16)
+    assert torch.equal(out[0], rows[3]) and torch.equal(out[1], rows[31]) and torch.equal(out[2], rows[0])
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"gather row_ids\[1\] = 32 is out of range: ids must be -1 \(not resident\) or in \[0, 32\) "
+        r"for 4 blocks of 8 rows; found by the device-side check after the gather ran.*discard it",
+    ):
+        gpu_layer.raise_gather_faults()
+    gpu_layer.raise_gather_faults()  # reported once, then cleared
+
+
+def test_gpu_layer_keeps_the_first_fault_until_it_is_read(gpu_layer):
+    source, out = _source(), torch.empty(2, 16, dtype=torch.uint8)
+    gpu_layer.gather_resident_rows(source, out, torch.tensor([0, -2], dtype=torch.int32))
+    gpu_layer.gather_resident_rows(source, out, torch.tensor([99, 0]))
+    with pytest.raises(InvalidArgumentError, match=r"row_ids\[1\] = -2 is out of range"):
+        gpu_layer.raise_gather_faults()
+
+
+def test_gpu_layer_with_no_gather_yet_has_no_fault_to_raise(gpu_layer):
+    gpu_layer.raise_gather_faults()
+
+
+def test_cpu_device_raises_from_the_gather_and_has_nothing_deferred():
+    backend = CpuBackend()
+    source, out = _source(), torch.zeros(2, 16, dtype=torch.uint8)
+    with pytest.raises(InvalidArgumentError, match=r"row_ids\[1\] = 32 is out of range"):
+        backend.gather_resident_rows(source, out, torch.tensor([1, 32]))
+    assert out.eq(0).all()
+    backend.raise_gather_faults()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_gpu_gather_does_not_synchronize_under_sync_debug_mode_error():
+    from hisparse_hal.vendors.cuda.capabilities import plan_capabilities
+    from hisparse_hal.vendors.cuda.driver import CudaDriver
+    from hisparse_hal.vendors.torch_gpu import TorchGpuBackend
+
+    backend = TorchGpuBackend(plan_capabilities(12080, "sm_90"), CudaDriver(0), torch.cuda.current_device())
+    source = _source().to(backend.device)
+    out = torch.empty(3, 16, dtype=torch.uint8, device=backend.device)
+    good, bad = torch.tensor([3, -1, 31], device=backend.device), torch.tensor([3, 32, -5], device=backend.device)
+    backend.gather_resident_rows(source, out, good)  # the fault record is allocated outside the check
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        backend.gather_resident_rows(source, out, good)
+        backend.gather_resident_rows(source, out, bad)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    with pytest.raises(InvalidArgumentError, match=r"row_ids\[1\] = 32 is out of range"):
+        backend.raise_gather_faults()
