@@ -59,6 +59,7 @@ class RankOutcome:
     error: str | None
     lost_rank: int | None
     pool_chunks: int | None
+    backend: str | None
 
     @property
     def ok(self) -> bool:
@@ -74,6 +75,7 @@ class ScenarioResult:
     config: ScenarioConfig
     ranks: tuple[RankOutcome, ...]
     wall_s: float
+    pool_path: str
 
     @property
     def ok(self) -> bool:
@@ -84,6 +86,11 @@ class ScenarioResult:
     def sync(self) -> str | None:
         """The synchronization path the ranks ran (``"events"`` or ``"barrier"``)."""
         return next((r.sync for r in self.ranks if r.sync), None)
+
+    @property
+    def backend(self) -> str | None:
+        """The backend the ranks built."""
+        return next((r.backend for r in self.ranks if r.backend), None)
 
     @property
     def sync_reason(self) -> str | None:
@@ -105,7 +112,7 @@ class ScenarioResult:
         """A JSON-ready dictionary of the whole result."""
         config = dataclasses.asdict(self.config)
         config["backend_factory"] = repr(self.config.backend_factory) if self.config.backend_factory else None
-        return {"ok": self.ok, "sync": self.sync, "sync_reason": self.sync_reason, "wall_s": self.wall_s,
+        return {"ok": self.ok, "backend": self.backend, "pool_path": self.pool_path, "sync": self.sync, "sync_reason": self.sync_reason, "wall_s": self.wall_s,
                 "steps_per_s": self.steps_per_s, "bytes_moved": self.bytes_moved, "config": config,
                 "ranks": [dataclasses.asdict(r) | {"ok": r.ok} for r in self.ranks]}
 
@@ -126,7 +133,7 @@ def _outcome(rank: int, process: Any, sent: dict[str, Any] | None) -> RankOutcom
     defaults: dict[str, Any] = {"pid": process.pid, "steps_done": 0, "bytes_moved": 0, "step_p50_s": 0.0, "step_p99_s": 0.0,
                                 "mismatches": 0, "mismatch_examples": (), "preflight": {}, "registrations_left": None,
                                 "sync": None, "sync_reason": None, "loop_s": None, "error_type": None, "error": None,
-                                "lost_rank": None, "pool_chunks": None}
+                                "lost_rank": None, "pool_chunks": None, "backend": None}
     values = {**defaults, **{k: v for k, v in sent.items() if k in fields}}
     values["mismatch_examples"] = tuple(values["mismatch_examples"])
     return RankOutcome(rank=rank, exitcode=process.exitcode, **{k: v for k, v in values.items() if k != "rank"})
@@ -202,4 +209,4 @@ def run_scenario(config: ScenarioConfig, on_progress: Callable[[int], None] | No
             log.info("removed the shared pool %s (no rank got far enough to remove it)", pool_path)
     wall = time.monotonic() - started
     outcomes = tuple(_outcome(rank, processes[rank], received.get(rank)) for rank in range(config.ranks))
-    return ScenarioResult(config, outcomes, wall)
+    return ScenarioResult(config, outcomes, wall, pool_path)
