@@ -66,7 +66,8 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
     from .errors import HalError
     from .scenario import FaultPlan, ScenarioConfig, run_scenario
 
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
     try:
         config = ScenarioConfig(
             ranks=args.ranks, steps=args.steps, backend=args.backend, sync=args.sync, timeout_s=args.timeout,
@@ -142,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     scenario = sub.add_parser("scenario", help="run the tensor-parallel shared-pool offload scenario across processes")
     scenario.add_argument("--ranks", type=int, default=2, help="processes; rank 0 writes the shared pool (default 2)")
     scenario.add_argument("--steps", type=int, default=1000, help="engine steps (default 1000)")
-    scenario.add_argument("--backend", default=None, help="registry name of the backend (strict); default: the selected one")
+    scenario.add_argument("--backend", default=None,
+                          help="registry name of the backend (strict); default: the selected one")
     scenario.add_argument("--sync", choices=("auto", "events", "barrier"), default="auto",
                           help="synchronization path; auto chooses by capability (default)")
     scenario.add_argument("--timeout", type=float, default=None, metavar="SECONDS",

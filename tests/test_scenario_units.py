@@ -23,8 +23,9 @@ TESTS_DIR = Path(__file__).resolve().parent
 
 
 def _caps(ipc_events: bool, limit: int | None) -> Capabilities:
-    return Capabilities(batch_copy="loop", max_batch_descriptors=None, ipc_events=ipc_events, ipc_event_max_cycles=limit,
-                        shared_host_pool=ipc_events and limit is None, graph_capture=False, host_pointer_alias=False,
+    return Capabilities(batch_copy="loop", max_batch_descriptors=None, ipc_events=ipc_events,
+                        ipc_event_max_cycles=limit, shared_host_pool=ipc_events and limit is None,
+                        graph_capture=False, host_pointer_alias=False,
                         kv_formats=KV_FORMATS)
 
 
@@ -42,7 +43,8 @@ def test_sync_falls_back_to_barriers_when_the_run_outlasts_the_event_cycle_limit
 
 def test_sync_falls_back_to_barriers_without_ipc_events_and_refuses_forced_events():
     assert "no IPC events (ipc_events=False)" in choose_sync(_caps(False, None), 10).reason
-    with pytest.raises(UnsupportedCapabilityError, match=r"IPC event synchronization was requested, but the backend has no IPC events"):
+    refused = r"IPC event synchronization was requested, but the backend has no IPC events"
+    with pytest.raises(UnsupportedCapabilityError, match=refused):
         choose_sync(_caps(False, None), 10, "events")
     assert choose_sync(_caps(True, None), 10, "barrier").reason == "barrier synchronization was requested"
 
@@ -59,7 +61,7 @@ def test_config_rejects_bad_values_naming_them(changes, message):
         ScenarioConfig(**changes)
 
 
-def _gathered(plan, rows):
+def _gathered(rows):
     return rows.reshape(-1, ROW_BYTES).clone()
 
 
@@ -67,17 +69,18 @@ def test_verification_passes_the_written_rows_and_names_a_stale_or_torn_block():
     config = ScenarioConfig()
     plan = plan_step(config, 7)
     good = step_rows(7, torch.arange(config.blocks_per_step), plan.offsets)
-    assert find_mismatches(plan, _gathered(plan, good)) == (0, [])
+    assert find_mismatches(plan, _gathered(good)) == (0, [])
     stale = good.clone()
     stale[3] = step_rows(5, torch.arange(config.blocks_per_step), plan_step(config, 5).offsets)[3]
-    count, notes = find_mismatches(plan, _gathered(plan, stale))
-    assert count == 1 and "step 7 block 3" in notes[0] and "holds step 5 block 3" in notes[0] and "(stale: an older step)" in notes[0]
+    count, notes = find_mismatches(plan, _gathered(stale))
+    assert count == 1 and "step 7 block 3" in notes[0] and "holds step 5 block 3" in notes[0]
+    assert "(stale: an older step)" in notes[0]
     torn = good.clone()
     torn[9, 2, 600] ^= 0xFF
-    count, notes = find_mismatches(plan, _gathered(plan, torn))
+    count, notes = find_mismatches(plan, _gathered(torn))
     assert count == 1 and "block 9" in notes[0] and "damaged payload (torn)" in notes[0]
     blank = torch.zeros_like(good)
-    count, notes = find_mismatches(plan, _gathered(plan, blank), limit=2)
+    count, notes = find_mismatches(plan, _gathered(blank), limit=2)
     assert count == config.blocks_per_step and len(notes) == 2 and "no scenario header" in notes[0]
 
 
@@ -118,8 +121,9 @@ def test_a_swap_that_copies_one_byte_short_is_reported_as_a_mismatch_naming_the_
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hisparse_hal.cli", "scenario", *args], capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items() if k != "HISPARSE_HAL_BACKEND"})
+    env = {k: v for k, v in os.environ.items() if k != "HISPARSE_HAL_BACKEND"}
+    return subprocess.run([sys.executable, "-m", "hisparse_hal.cli", "scenario", *args],
+                          capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.timeout(300)
@@ -138,6 +142,7 @@ def test_scenario_command_prints_rates_and_percentiles_and_writes_json(tmp_path)
 
 @pytest.mark.timeout(300)
 def test_scenario_command_exits_non_zero_when_a_rank_dies():
-    done = _cli("--ranks", "2", "--steps", "60", "--backend", "cpu", "--sync", "barrier", "--kill", "1:10", "--timeout", "10")
+    done = _cli("--ranks", "2", "--steps", "60", "--backend", "cpu", "--sync", "barrier", "--kill", "1:10",
+                "--timeout", "10")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "PeerLostError: rank 1 (pid" in done.stdout and done.stdout.rstrip().endswith("FAIL")

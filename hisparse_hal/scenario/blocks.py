@@ -58,7 +58,9 @@ def plan_step(config: ScenarioConfig, step: int) -> StepPlan:
     return StepPlan(step, step % config.slots, positions, source_blocks, offsets)
 
 
-def step_rows(step: int, blocks: torch.Tensor, offsets: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+def step_rows(
+    step: int, blocks: torch.Tensor, offsets: torch.Tensor, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """The ``[len(blocks), offsets.shape[1], ROW_BYTES]`` uint8 rows of ``step`` for logical ``blocks``.
 
     A row holds an int32 header (step, block, offset, magic) and a payload derived from all three.
@@ -101,7 +103,8 @@ def find_mismatches(plan: StepPlan, gathered: torch.Tensor, limit: int = 3) -> t
     for block in bad[:limit]:
         rows_differ = (got[block] != want[block]).any(dim=1).nonzero().flatten()
         row = int(rows_differ[0]) if rows_differ.numel() else 0
-        found_step, found_block, found_offset, magic = got[block, row, :_HEADER_BYTES].clone().view(torch.int32).tolist()
+        header = got[block, row, :_HEADER_BYTES].clone().view(torch.int32).tolist()
+        found_step, found_block, found_offset, magic = header
         if magic != _MAGIC:
             what = "no scenario header (torn or never written)"
         elif found_step < plan.step:

@@ -73,18 +73,24 @@ class ScenarioConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise InvalidArgumentError(f"scenario {name} must be an int >= {least}, got {value!r}")
         if self.steps >= 2**31:
-            raise InvalidArgumentError(f"scenario steps must be below 2**31 (rows carry the step as int32), got {self.steps}")
+            raise InvalidArgumentError(
+                f"scenario steps must be below 2**31 (rows carry the step as int32), got {self.steps}"
+            )
         if self.rows_per_block > self.block_size:
             raise InvalidArgumentError(
                 f"rows_per_block ({self.rows_per_block}) cannot exceed block_size ({self.block_size})"
             )
-        if self.threads_per_rank is not None and (not isinstance(self.threads_per_rank, int) or self.threads_per_rank < 1):
+        threads = self.threads_per_rank
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise InvalidArgumentError(f"threads_per_rank must be None or an int >= 1, got {self.threads_per_rank!r}")
         if self.sync not in ("auto", "events", "barrier"):
             raise InvalidArgumentError(f"scenario sync must be 'auto', 'events' or 'barrier', got {self.sync!r}")
         if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s < 1e6):
-            raise InvalidArgumentError(f"scenario timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
-        if self.host_chunk_bytes is not None and (not isinstance(self.host_chunk_bytes, int) or self.host_chunk_bytes < 1):
+            raise InvalidArgumentError(
+                f"scenario timeout_s must be a positive number of seconds, got {self.timeout_s!r}"
+            )
+        chunk = self.host_chunk_bytes
+        if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
             raise InvalidArgumentError(f"host_chunk_bytes must be a positive int, got {self.host_chunk_bytes!r}")
         if self.kill is not None and not (0 <= self.kill.rank < self.ranks and 0 <= self.kill.step < self.steps):
             raise InvalidArgumentError(
@@ -133,5 +139,7 @@ def choose_sync(capabilities: Capabilities, steps: int, requested: str = "auto")
         cycles = "no cycle limit" if limit is None else f"limit {limit} cycles"
         return SyncChoice("events", f"IPC events: ipc_events=True, {cycles}, {steps} steps")
     if requested == "events":
-        raise UnsupportedCapabilityError(f"IPC event synchronization was requested, but {why_not}; use sync='auto' or 'barrier'")
+        raise UnsupportedCapabilityError(
+            f"IPC event synchronization was requested, but {why_not}; use sync='auto' or 'barrier'"
+        )
     return SyncChoice("barrier", f"torch.distributed (gloo) barriers: {why_not}")

@@ -112,7 +112,8 @@ class ScenarioResult:
         """A JSON-ready dictionary of the whole result."""
         config = dataclasses.asdict(self.config)
         config["backend_factory"] = repr(self.config.backend_factory) if self.config.backend_factory else None
-        return {"ok": self.ok, "backend": self.backend, "pool_path": self.pool_path, "sync": self.sync, "sync_reason": self.sync_reason, "wall_s": self.wall_s,
+        return {"ok": self.ok, "backend": self.backend, "pool_path": self.pool_path, "sync": self.sync,
+                "sync_reason": self.sync_reason, "wall_s": self.wall_s,
                 "steps_per_s": self.steps_per_s, "bytes_moved": self.bytes_moved, "config": config,
                 "ranks": [dataclasses.asdict(r) | {"ok": r.ok} for r in self.ranks]}
 
@@ -130,7 +131,8 @@ def _outcome(rank: int, process: Any, sent: dict[str, Any] | None) -> RankOutcom
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         sent = {"error_type": "RankExited", "error": f"rank {rank} ended without an outcome ({how})"}
     fields = {f.name for f in dataclasses.fields(RankOutcome)}
-    defaults: dict[str, Any] = {"pid": process.pid, "steps_done": 0, "bytes_moved": 0, "step_p50_s": 0.0, "step_p99_s": 0.0,
+    defaults: dict[str, Any] = {"pid": process.pid, "steps_done": 0, "bytes_moved": 0,
+                                "step_p50_s": 0.0, "step_p99_s": 0.0,
                                 "mismatches": 0, "mismatch_examples": (), "preflight": {}, "registrations_left": None,
                                 "sync": None, "sync_reason": None, "loop_s": None, "error_type": None, "error": None,
                                 "lost_rank": None, "pool_chunks": None, "backend": None}
@@ -161,7 +163,9 @@ def run_scenario(config: ScenarioConfig, on_progress: Callable[[int], None] | No
     control = torch.frombuffer(control_map, dtype=torch.int64)
     context = torch.multiprocessing.get_context("spawn")
     port = _free_port()
-    processes, conns, received = [], [], {}
+    processes: list[Any] = []
+    conns: list[Any] = []
+    received: dict[int, dict[str, Any] | None] = {}
     started = time.monotonic()
     try:
         for rank in range(config.ranks):

@@ -177,7 +177,8 @@ def _write_steps(backend: Any, pool: SharedPool, sync: Any, config: ScenarioConf
         start = time.perf_counter()
         plan = plan_step(config, step)
         sync.before_write(step)
-        raw.index_copy_(0, plan.source_blocks.to(backend.device), step_rows(step, torch.arange(count), all_offsets, backend.device))
+        rows = step_rows(step, torch.arange(count), all_offsets, backend.device)
+        raw.index_copy_(0, plan.source_blocks.to(backend.device), rows)
         src = cache_base + plan.source_blocks * config.block_bytes
         dst = pool_base + (plan.slot * count + plan.positions) * config.block_bytes
         backend.swap_blocks_batch(src, dst, sizes)

@@ -111,7 +111,9 @@ HANDLE_ROOM = 4096
 def _all_gather_bytes(payload: bytes, ranks: int) -> list[bytes]:
     """Every rank's ``payload``, through one fixed-size gloo all-gather (no pickling, no numpy)."""
     if len(payload) > HANDLE_ROOM - 4:
-        raise InvalidArgumentError(f"an exported event handle of {len(payload)} bytes exceeds the {HANDLE_ROOM - 4}-byte exchange")
+        raise InvalidArgumentError(
+            f"an exported event handle of {len(payload)} bytes exceeds the {HANDLE_ROOM - 4}-byte exchange"
+        )
     mine = torch.zeros(HANDLE_ROOM, dtype=torch.uint8)
     mine[:4] = torch.tensor([len(payload)], dtype=torch.int32).view(torch.uint8)
     mine[4:4 + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
