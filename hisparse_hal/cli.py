@@ -76,6 +76,7 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
     except HalError as exc:
         print(f"hisparse-hal scenario: {exc}", file=sys.stderr)
         return 2
+    select_backend(args.backend)  # an unknown or unavailable name fails here, with the probe table (exit 2)
     bar = None
     if sys.stdout.isatty():
         from tqdm import tqdm

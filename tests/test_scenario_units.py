@@ -146,3 +146,9 @@ def test_scenario_command_exits_non_zero_when_a_rank_dies():
                 "--timeout", "10")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "PeerLostError: rank 1 (pid" in done.stdout and done.stdout.rstrip().endswith("FAIL")
+
+
+def test_scenario_command_refuses_an_unknown_backend_with_the_probe_table_before_starting_ranks():
+    done = _cli("--ranks", "2", "--steps", "5", "--backend", "no-such-backend")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no-such-backend" in done.stderr and "cpu" in done.stderr and "rank" not in done.stdout
