@@ -16,6 +16,7 @@ from .errors import (
     HalError,
     InvalidArgumentError,
     InvalidDescriptorError,
+    PeerLostError,
     UnsupportedCapabilityError,
 )
 from .kv_cache import KVCacheConfig, LayerSpec
@@ -54,4 +55,5 @@ __all__ = [
     "CaptureMisuseError",
     "DeviceRuntimeError",
     "EventTimeoutError",
+    "PeerLostError",
 ]

@@ -1,4 +1,4 @@
-"""The ``hisparse-hal`` command: ``info`` (probe table and choice), ``conformance`` and ``bench``.
+"""The ``hisparse-hal`` command: ``info`` (probe table and choice), ``conformance``, ``bench`` and ``scenario``.
 
 The library returns values; only this module prints.
 """
@@ -53,6 +53,69 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return benchmark.run(args)
 
 
+def _fault(text: str) -> tuple[int, int]:
+    rank, sep, step = text.partition(":")
+    if not sep or not rank.isdigit() or not step.isdigit():
+        raise argparse.ArgumentTypeError(f"expected RANK:STEP (two non-negative ints), got {text!r}")
+    return int(rank), int(step)
+
+
+def _cmd_scenario(args: argparse.Namespace) -> int:
+    import logging
+
+    from .errors import HalError
+    from .scenario import FaultPlan, ScenarioConfig, run_scenario
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        config = ScenarioConfig(
+            ranks=args.ranks, steps=args.steps, backend=args.backend, sync=args.sync, timeout_s=args.timeout,
+            host_chunk_bytes=args.host_chunk_bytes, kill=FaultPlan(*args.kill) if args.kill else None,
+        )
+    except HalError as exc:
+        print(f"hisparse-hal scenario: {exc}", file=sys.stderr)
+        return 2
+    select_backend(args.backend)  # an unknown or unavailable name fails here, with the probe table (exit 2)
+    bar = None
+    if sys.stdout.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=config.steps, unit="step", desc=f"{config.ranks} ranks", dynamic_ncols=True)
+
+    def progress(done: int) -> None:
+        if bar is not None:
+            bar.update(done - bar.n)
+
+    try:
+        result = run_scenario(config, on_progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(f"backend: {result.backend}; "
+          f"sync: {result.sync} ({result.sync_reason})")
+    print(f"{config.ranks} ranks x {config.steps} steps in {result.wall_s:.1f} s wall; "
+          f"{result.steps_per_s:.1f} steps/s (rank 0's step loop); {result.bytes_moved / 2**20:.1f} MiB moved")
+    print(f"{'rank':>4} {'steps':>7} {'p50 ms':>8} {'p99 ms':>8} {'MiB':>8} {'mismatch':>8}  outcome")
+    for rank in result.ranks:
+        outcome = "ok" if rank.ok else (f"{rank.error_type}: {rank.error}" if rank.error_type else "FAILED")
+        print(f"{rank.rank:>4} {rank.steps_done:>7} {rank.step_p50_s * 1e3:>8.2f} {rank.step_p99_s * 1e3:>8.2f} "
+              f"{rank.bytes_moved / 2**20:>8.1f} {rank.mismatches:>8}  {outcome}")
+        for example in rank.mismatch_examples:
+            print(f"       mismatch: {example}")
+        for check, verdict in rank.preflight.items():
+            if not verdict.startswith(("refused", "skipped")):
+                print(f"       preflight {check}: {verdict}")
+        if rank.registrations_left:
+            print(f"       {rank.registrations_left} host registration(s) left pinned")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result.as_dict(), f, indent=2, default=str)
+        print(f"wrote {args.json}")
+    print("PASS" if result.ok else "FAIL")
+    return 0 if result.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``hisparse-hal`` command."""
     parser = argparse.ArgumentParser(
@@ -77,6 +140,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     benchmark.add_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
+
+    scenario = sub.add_parser("scenario", help="run the tensor-parallel shared-pool offload scenario across processes")
+    scenario.add_argument("--ranks", type=int, default=2, help="processes; rank 0 writes the shared pool (default 2)")
+    scenario.add_argument("--steps", type=int, default=1000, help="engine steps (default 1000)")
+    scenario.add_argument("--backend", default=None,
+                          help="registry name of the backend (strict); default: the selected one")
+    scenario.add_argument("--sync", choices=("auto", "events", "barrier"), default="auto",
+                          help="synchronization path; auto chooses by capability (default)")
+    scenario.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                          help="bound of every wait on another rank (default HISPARSE_HAL_EVENT_TIMEOUT_S, else 30)")
+    scenario.add_argument("--host-chunk-bytes", type=int, default=None, metavar="BYTES",
+                          help="largest single host registration (small values split the pool)")
+    scenario.add_argument("--kill", type=_fault, default=None, metavar="RANK:STEP",
+                          help="fault injection: SIGKILL this rank at this step")
+    scenario.add_argument("--json", default=None, metavar="FILE", help="also write the full result as JSON")
+    scenario.add_argument("-v", "--verbose", action="store_true", help="log at INFO (the sync path's reason, cleanup)")
+    scenario.set_defaults(func=_cmd_scenario)
     return parser
 
 

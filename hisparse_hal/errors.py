@@ -16,6 +16,7 @@ __all__ = [
     "CaptureMisuseError",
     "DeviceRuntimeError",
     "EventTimeoutError",
+    "PeerLostError",
 ]
 
 
@@ -86,3 +87,17 @@ class DeviceRuntimeError(HalError, RuntimeError):
 
 class EventTimeoutError(HalError, TimeoutError):
     """A wait on an interprocess event did not complete within its bound."""
+
+
+class PeerLostError(EventTimeoutError):
+    """The process on the other side of an interprocess event or a shared pool exited or let go of it,
+    so what was being waited for can never happen.
+
+    A subclass of ``EventTimeoutError``: a wait on a lost peer is a wait that cannot complete.
+    ``pid`` is the lost process's id when known, ``rank`` its rank in a multi-process run when known.
+    """
+
+    def __init__(self, message: str, *, pid: int | None = None, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.rank = rank

@@ -15,14 +15,15 @@ import time
 
 import pytest
 import torch
-
-from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError
 from hisparse_hal.vendors.cpu import ipc_event
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 from hisparse_hal.vendors.cpu.ipc_event import CpuIpcEvent
 
+from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError
+
 POOL_BYTES = 4096
 CYCLES = 1000
+SOAK_CYCLES = 10_000
 SPAWN = multiprocessing.get_context("spawn")
 
 
@@ -364,3 +365,122 @@ def test_waiting_on_a_live_exporters_unfinished_record_times_out_and_closed_even
     finally:
         if process.is_alive():
             process.kill()
+
+
+# ----------------------------------------------------------------------------- soak and killed exporters
+def _soak_peer(handle: bytes, pool_path: str, cycles: int, conn) -> None:
+    """Spawned: per cycle wait on the parent's event, check the word it wrote, answer on its own event."""
+    backend = CpuBackend(event_timeout_s=20)
+    theirs = backend.import_event("cpu", handle)
+    mine = backend.create_ipc_event()
+    words = torch.from_file(pool_path, shared=True, size=2, dtype=torch.int64)
+    conn.send(backend.export_event(mine))
+    bad = []
+    for cycle in range(cycles):
+        if _recv(conn) != cycle:
+            bad.append(("order", cycle))
+            break
+        theirs.wait()
+        if int(words[0]) != cycle:
+            bad.append((cycle, int(words[0])))
+        words[1] = cycle  # read back by the parent after waiting on our event
+        mine.record()
+        conn.send(cycle)
+    conn.send(("done", bad))
+    _recv(conn)  # the parent waits on our event until it is done with it
+    mine.close()
+
+
+@pytest.mark.timeout(240)
+def test_ten_thousand_record_wait_cycles_across_processes_each_way_see_every_write(backend, tmp_path):
+    """Issue 10 item 5: far past ROCm 7.2's 32-slot ring (vLLM #57602), in both directions."""
+    pool_path = str(tmp_path / "words")
+    with open(pool_path, "wb") as f:
+        f.write(bytes(16))
+    words = torch.from_file(pool_path, shared=True, size=2, dtype=torch.int64)
+    mine = backend.create_ipc_event()
+    parent, child = SPAWN.Pipe()
+    process = SPAWN.Process(target=_soak_peer, args=(backend.export_event(mine), pool_path, SOAK_CYCLES, child))
+    process.start()
+    try:
+        theirs = backend.import_event("cpu", _recv(parent, 60))
+        wrong = []
+        for cycle in range(SOAK_CYCLES):
+            words[0] = cycle
+            mine.record()
+            parent.send(cycle)
+            assert _recv(parent) == cycle
+            theirs.wait()
+            if int(words[1]) != cycle:
+                wrong.append((cycle, int(words[1])))
+        assert _recv(parent) == ("done", [])
+        assert wrong == []
+        assert mine._record.read() == (SOAK_CYCLES, SOAK_CYCLES)
+        assert theirs._record.read() == (SOAK_CYCLES, SOAK_CYCLES)
+        theirs.close()
+        parent.send("bye")
+        process.join(30)
+        assert process.exitcode == 0
+    finally:
+        if process.is_alive():
+            process.kill()
+        mine.close()
+
+
+def _killed_exporter(conn) -> None:
+    """Spawned: export two idle events, one recorded, then wait to be killed."""
+    backend = CpuBackend()
+    recorded, fresh = backend.create_ipc_event(), backend.create_ipc_event()
+    recorded.record()
+    conn.send((backend.export_event(recorded), backend.export_event(fresh)))
+    _recv(conn, 60)
+
+
+@pytest.mark.timeout(120)
+def test_an_exporter_killed_with_sigkill_leaves_no_file_after_the_importers_next_call(backend):
+    parent, child = SPAWN.Pipe()
+    process = SPAWN.Process(target=_killed_exporter, args=(child,))
+    process.start()
+    try:
+        recorded_handle, fresh_handle = _recv(parent, 60)
+        recorded = backend.import_event("cpu", recorded_handle)
+        recorded.wait()  # nothing pending while the exporter lives: returns at once
+        process.kill()
+        process.join(30)
+        assert process.exitcode == -9
+        assert os.path.exists(_event_path(recorded_handle))  # SIGKILL ran no cleanup
+        start = time.monotonic()
+        with pytest.raises(PeerLostError, match=r"query on CPU IPC event .*: the exporting process \(pid \d+\) exited "
+                           r"or closed the event after 1 completed records; no further record can come") as lost:
+            recorded.query()
+        assert time.monotonic() - start < 1
+        assert lost.value.pid == process.pid
+        assert isinstance(lost.value, EventTimeoutError)
+        assert not os.path.exists(_event_path(recorded_handle))
+        with pytest.raises(PeerLostError, match=r"wait on CPU IPC event"):
+            recorded.wait()  # every later call says the same; the file is already gone
+        recorded.close()
+    finally:
+        if process.is_alive():
+            process.kill()
+    # The exporter's other event was never imported: the next create_ipc_event sweeps it.
+    assert os.path.exists(_event_path(fresh_handle))
+    created = backend.create_ipc_event()
+    assert not os.path.exists(_event_path(fresh_handle))
+    assert os.path.exists(os.path.join(os.path.dirname(_event_path(fresh_handle)), created.name))
+    created.close()
+
+
+def test_the_sweep_leaves_live_events_and_files_being_created_alone(backend, event, tmp_path):
+    live = backend.create_ipc_event()
+    half_made = tmp_path / (ipc_event.NAME_PREFIX + "0" * 32)
+    half_made.write_bytes(b"")  # a creator between open() and its header: no lock yet, no header
+    dead = tmp_path / (ipc_event.NAME_PREFIX + "1" * 32)
+    dead.write_bytes(bytes(64))  # a complete file nobody holds
+    assert ipc_event.sweep_stale_events(str(tmp_path)) == [dead.name]
+    assert half_made.exists() and not dead.exists()
+    removed = ipc_event.sweep_stale_events()  # the real directory: events alive here are held
+    assert live.name not in removed and event.name not in removed
+    assert os.path.exists(_event_path(backend.export_event(live)))
+    assert os.path.exists(_event_path(backend.export_event(event)))
+    live.close()

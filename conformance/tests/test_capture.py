@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from hisparse_hal.errors import CaptureMisuseError, InvalidDescriptorError
-
 from hisparse_hal.conformance.arenas import allocate_guarded, device_caches, pinned_host_pool, random_bytes, synchronize
 from hisparse_hal.conformance.swap_plan import SwapPlan
+
+from hisparse_hal.errors import CaptureMisuseError, InvalidDescriptorError
 
 needs_capture = pytest.mark.needs("graph_capture")
 
@@ -95,6 +94,45 @@ def test_captured_gather_runs_only_on_replay_and_replays_twice(backend):
         rows = source.to("cpu").view(32, 96)
         expected = rows[ids.to("cpu").clamp_min(0)]
         assert torch.equal(destination.to("cpu"), expected), f"replay {round_ + 1} gathered the wrong bytes"
+
+
+@needs_capture
+def test_captured_gather_reads_the_row_ids_written_in_place_before_each_replay(backend):
+    """Capture by reference: engines capture once with a static id buffer and rewrite it every step."""
+    source = random_bytes(8 * 4 * 96, 21).view(8, 4, 96).to(backend.device)
+    ids = torch.zeros(6, dtype=torch.int64, device=backend.device)  # the static buffer the graph reads
+    destination = torch.zeros((6, 96), dtype=torch.uint8, device=backend.device)
+    with backend.capture() as graph:
+        backend.gather_resident_rows(source, destination, ids)
+    rows = source.to("cpu").view(32, 96)
+    steps = [[5, -1, 31, 0, 12, 12], [31, 30, 29, 28, 27, 26], [-1, -1, 3, 3, 7, 1], [0, 1, 2, 3, 4, 5]]
+    for step, written in enumerate(steps):
+        ids.copy_(torch.tensor(written))  # in place: same storage the capture saw
+        graph.replay()
+        synchronize(backend.device)
+        expected = rows[torch.tensor(written).clamp_min(0)]
+        assert torch.equal(destination.to("cpu"), expected), (
+            f"replay {step + 1} did not gather the ids written into the captured id tensor before it "
+            f"(ids {written}); a captured gather must read its id buffer at replay time"
+        )
+
+
+@needs_capture
+def test_captured_swap_keeps_its_descriptor_values_from_capture_time(backend, memory):
+    """Swaps capture by value: rewriting the descriptor arrays after the capture changes no replay."""
+    cache, pool = _pair(memory, backend, 64 * 656, 23)
+    plan = _plan(cache, pool, 32, 656)  # the first 32 blocks only; the rest must stay untouched
+    s, d, n = plan.descriptors()
+    with backend.capture() as graph:
+        backend.swap_blocks_batch(s, d, n)
+    for step in range(3):
+        s.add_(32 * 656), d.add_(32 * 656)  # the arrays now name the other half, or beyond it
+        n.fill_(1 + step)
+        cache.fill(random_bytes(cache.size, 24 + step))
+        before = plan.snapshot()
+        graph.replay()
+        synchronize(backend.device)
+        plan.assert_matches(plan.expected(before))  # exactly the capture-time copies; nothing else moved
 
 
 @needs_capture

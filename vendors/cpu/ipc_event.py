@@ -4,7 +4,8 @@ The record holds two counters, records issued and records completed, read and wr
 POSIX byte-range lock on the file. The kernel's lock hand-off orders memory (unlock releases, lock
 acquires), so bytes written before ``record()`` are visible to a process whose ``wait()`` returned. The
 exporter holds a shared ``flock`` on the file while its event lives; an importer that can take that
-lock exclusively knows the exporter exited or closed the event, so no wait can hang on it.
+lock exclusively knows the exporter exited or closed the event, so no wait can hang on it, and removes
+the file a killed exporter left behind; ``create_event`` sweeps any such file no importer touched.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import math
 import os
 import re
@@ -24,12 +26,14 @@ import uuid
 import weakref
 from typing import Iterator
 
-from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError
+from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError
 from hisparse_hal.settings import EVENT_TIMEOUT_ENV
 
 from .graph import refuse_while_capturing
 
-__all__ = ["CpuIpcEvent", "create_event", "import_event"]
+__all__ = ["CpuIpcEvent", "create_event", "import_event", "sweep_stale_events"]
+
+log = logging.getLogger(__name__)
 
 HANDLE_KIND = "hisparse-hal/cpu-ipc-event"
 HANDLE_VERSION = 1
@@ -155,14 +159,15 @@ class CpuIpcEvent:
         return not self._finalizer.alive
 
     def close(self) -> None:
-        """Release the event: the exporter removes the shared file (open importers keep working until
-        their next wait on a pending record, which then fails fast). Idempotent."""
+        """Release the event: the exporter removes the shared file; an importer's next call then raises
+        ``PeerLostError``. Idempotent."""
         self._finalizer()
 
     def record(self, stream: object | None = None) -> None:
         """Record: every host operation issued before it has completed, so it completes at once.
 
         Raises:
+            PeerLostError: an imported event whose exporter exited or closed it (its file is removed).
             CaptureMisuseError: while capturing. InvalidArgumentError: a stream, or a closed event.
         """
         self._usable("record", stream)
@@ -179,8 +184,10 @@ class CpuIpcEvent:
         stream is the host). Returns at once when nothing is pending.
 
         Raises:
-            EventTimeoutError: not complete within ``timeout_s``, or the exporter is gone with the record
-                pending (detected within ``LIVENESS_PERIOD_S``).
+            EventTimeoutError: not complete within ``timeout_s``.
+            PeerLostError: (an ``EventTimeoutError``) on an imported event whose exporter exited or
+                closed it, at the call or within ``LIVENESS_PERIOD_S`` of it during the wait; the
+                exporter's file is removed then.
             CaptureMisuseError: while capturing. InvalidArgumentError: a stream, or a closed event.
         """
         self._usable("wait", stream)
@@ -205,6 +212,22 @@ class CpuIpcEvent:
             )
         if member != "query":
             refuse_while_capturing(f"CpuIpcEvent.{member}")
+        if not self.owner and not self._record.holder_alive():
+            raise self._exporter_lost(member)
+
+    def _exporter_lost(self, member: str) -> PeerLostError:
+        """Remove the file of an exporter that is gone (it cannot any more) and describe the loss."""
+        _unlink_stale(self._path)
+        issued, completed = self._record.read()
+        if completed < issued:
+            state = f"with record #{issued} pending (completed: #{completed}); it will never complete"
+        else:
+            state = f"after {completed} completed records; no further record can come"
+        return PeerLostError(
+            f"{member} on CPU IPC event {self.name}: the exporting process (pid {self.creator_pid}) exited "
+            f"or closed the event {state}. An exported event must outlive every importer's use",
+            pid=self.creator_pid,
+        )
 
     def _wait_for(self, target: int, member: str, bound: float) -> None:
         start = time.monotonic()
@@ -218,12 +241,7 @@ class CpuIpcEvent:
             if not self.owner and now >= next_liveness:
                 next_liveness = now + LIVENESS_PERIOD_S
                 if not self._record.holder_alive():
-                    _unlink_stale(self._path)  # a dead exporter cannot remove it any more
-                    raise EventTimeoutError(
-                        f"{member} on CPU IPC event {self.name}: the exporting process (pid "
-                        f"{self.creator_pid}) exited or closed the event with record #{target} pending "
-                        f"(completed: #{completed}); it will never complete"
-                    )
+                    raise self._exporter_lost(member)
             if now - start >= bound:
                 raise EventTimeoutError(
                     f"{member} on CPU IPC event {self.name} timed out after {bound:g} s waiting for record "
@@ -243,12 +261,15 @@ def create_event(timeout_s: float) -> CpuIpcEvent:
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
         raise InvalidArgumentError(f"event timeout must be a positive, finite number of seconds, got {timeout_s!r}")
     directory = _event_dir()
+    sweep_stale_events(directory)
     name = NAME_PREFIX + uuid.uuid4().hex
     token = uuid.uuid4().hex
     fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.pwrite(fd, _HEADER.pack(_MAGIC, bytes.fromhex(token), os.getpid()) + _COUNTERS.pack(0, 0), 0)
+        # Locked before the header is written: a sweeper that wins the lock first sees an empty file
+        # and leaves it alone, and once the header exists the lock is held.
         fcntl.flock(fd, fcntl.LOCK_SH)  # held while the event lives: the importers' liveness signal
+        os.pwrite(fd, _HEADER.pack(_MAGIC, bytes.fromhex(token), os.getpid()) + _COUNTERS.pack(0, 0), 0)
     except BaseException:
         os.close(fd)
         os.unlink(os.path.join(directory, name))
@@ -335,3 +356,41 @@ def _unlink_stale(path: str) -> None:
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             raise
+
+
+def sweep_stale_events(directory: str | None = None) -> list[str]:
+    """Remove the files of events whose exporter exited without closing them (a SIGKILL, say).
+
+    A file is stale when it holds a complete header and nobody holds its liveness lock; a file being
+    created is locked before its header is written, so it is never taken for stale. Files this user
+    cannot open are left alone. ``create_event`` calls this first, so killed exporters leave nothing
+    behind once any process of this user creates an event again.
+
+    Returns:
+        The names of the files removed.
+    """
+    directory = directory or _event_dir()
+    removed: list[str] = []
+    try:
+        names = [name for name in os.listdir(directory) if _NAME.match(name)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            continue  # gone already, or another user's
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its exporter is alive
+            if os.fstat(fd).st_size >= _HEADER.size + _COUNTERS.size:
+                _unlink_stale(path)
+                removed.append(name)
+        finally:
+            os.close(fd)
+    if removed:
+        log.info("removed %d CPU IPC event file(s) left by exporters that exited: %s", len(removed), ", ".join(removed))
+    return removed

@@ -1,0 +1,216 @@
+"""``run_scenario``: start the ranks of a tensor-parallel offload run as processes, watch them, and
+collect one ``ScenarioResult``.
+
+Invariant: the driver never hangs on a rank. A rank that sends nothing while it makes no progress for
+longer than the wait bound plus a grace period is killed and reported; the pool's file is removed
+however the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import mmap
+import os
+import socket
+import time
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing
+
+from hisparse_hal.settings import event_timeout_s
+
+from .config import ScenarioConfig
+from .pool import CONTROL_BYTES, PUBLISHED, SharedPool
+from .rank import rank_main
+
+__all__ = ["RankOutcome", "ScenarioResult", "run_scenario"]
+
+log = logging.getLogger(__name__)
+
+#: Time for the ranks to start (interpreters, torch, backend, rendezvous) before the stall bound applies.
+STARTUP_GRACE_S = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RankOutcome:
+    """What one rank reported (or what the driver saw, for a rank that sent nothing).
+
+    ``error_type``/``error`` are None on success; ``lost_rank`` names the rank an error blames.
+    """
+
+    rank: int
+    pid: int | None
+    exitcode: int | None
+    steps_done: int
+    bytes_moved: int
+    step_p50_s: float
+    step_p99_s: float
+    mismatches: int
+    mismatch_examples: tuple[str, ...]
+    preflight: dict[str, str]
+    registrations_left: int | None
+    sync: str | None
+    sync_reason: str | None
+    loop_s: float | None
+    error_type: str | None
+    error: str | None
+    lost_rank: int | None
+    pool_chunks: int | None
+    backend: str | None
+
+    @property
+    def ok(self) -> bool:
+        """Finished every step with no error, no mismatch, no accepted bad input and nothing pinned."""
+        return (self.error_type is None and self.mismatches == 0 and self.registrations_left == 0
+                and not any(v.startswith("ACCEPTED") for v in self.preflight.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScenarioResult:
+    """The outcome of :func:`run_scenario`."""
+
+    config: ScenarioConfig
+    ranks: tuple[RankOutcome, ...]
+    wall_s: float
+    pool_path: str
+
+    @property
+    def ok(self) -> bool:
+        """Every rank finished every step cleanly."""
+        return all(r.ok and r.steps_done == self.config.steps for r in self.ranks)
+
+    @property
+    def sync(self) -> str | None:
+        """The synchronization path the ranks ran (``"events"`` or ``"barrier"``)."""
+        return next((r.sync for r in self.ranks if r.sync), None)
+
+    @property
+    def backend(self) -> str | None:
+        """The backend the ranks built."""
+        return next((r.backend for r in self.ranks if r.backend), None)
+
+    @property
+    def sync_reason(self) -> str | None:
+        """Why that path was chosen."""
+        return next((r.sync_reason for r in self.ranks if r.sync_reason), None)
+
+    @property
+    def steps_per_s(self) -> float:
+        """Steps per second of rank 0's step loop (0 when it did not finish)."""
+        loop = self.ranks[0].loop_s
+        return self.ranks[0].steps_done / loop if loop else 0.0
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes copied by every rank's swaps and gathers."""
+        return sum(r.bytes_moved for r in self.ranks)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary of the whole result."""
+        config = dataclasses.asdict(self.config)
+        config["backend_factory"] = repr(self.config.backend_factory) if self.config.backend_factory else None
+        return {"ok": self.ok, "backend": self.backend, "pool_path": self.pool_path, "sync": self.sync,
+                "sync_reason": self.sync_reason, "wall_s": self.wall_s,
+                "steps_per_s": self.steps_per_s, "bytes_moved": self.bytes_moved, "config": config,
+                "ranks": [dataclasses.asdict(r) | {"ok": r.ok} for r in self.ranks]}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _outcome(rank: int, process: Any, sent: dict[str, Any] | None) -> RankOutcome:
+    sent = dict(sent or {})
+    if not sent:
+        code = process.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        sent = {"error_type": "RankExited", "error": f"rank {rank} ended without an outcome ({how})"}
+    fields = {f.name for f in dataclasses.fields(RankOutcome)}
+    defaults: dict[str, Any] = {"pid": process.pid, "steps_done": 0, "bytes_moved": 0,
+                                "step_p50_s": 0.0, "step_p99_s": 0.0,
+                                "mismatches": 0, "mismatch_examples": (), "preflight": {}, "registrations_left": None,
+                                "sync": None, "sync_reason": None, "loop_s": None, "error_type": None, "error": None,
+                                "lost_rank": None, "pool_chunks": None, "backend": None}
+    values = {**defaults, **{k: v for k, v in sent.items() if k in fields}}
+    values["mismatch_examples"] = tuple(values["mismatch_examples"])
+    return RankOutcome(rank=rank, exitcode=process.exitcode, **{k: v for k, v in values.items() if k != "rank"})
+
+
+def run_scenario(config: ScenarioConfig, on_progress: Callable[[int], None] | None = None) -> ScenarioResult:
+    """Run ``config.ranks`` spawned ranks over one shared host pool for ``config.steps`` steps.
+
+    Args:
+        config: the run.
+        on_progress: called with the number of steps rank 0 has published, as it grows.
+
+    Returns:
+        Every rank's outcome; ``result.ok`` says whether the run was clean. A rank's failure is an
+        outcome, not an exception.
+
+    Raises:
+        InvalidArgumentError: a bad ``HISPARSE_HAL_EVENT_TIMEOUT_S`` or too many ranks.
+    """
+    stall_s = (config.timeout_s or event_timeout_s()) + 30.0
+    pool_path = SharedPool.create(config.ranks, config.pool_blocks, config.block_bytes)
+    fd = os.open(pool_path, os.O_RDWR)
+    control_map = mmap.mmap(fd, CONTROL_BYTES)  # read only here; writable so torch maps it without a warning
+    os.close(fd)
+    control = torch.frombuffer(control_map, dtype=torch.int64)
+    context = torch.multiprocessing.get_context("spawn")
+    port = _free_port()
+    processes: list[Any] = []
+    conns: list[Any] = []
+    received: dict[int, dict[str, Any] | None] = {}
+    started = time.monotonic()
+    try:
+        for rank in range(config.ranks):
+            parent_end, child_end = context.Pipe(duplex=False)
+            process = context.Process(target=rank_main, args=(rank, config, pool_path, port, child_end),
+                                      name=f"hisparse-scenario-rank{rank}", daemon=True)
+            process.start()
+            child_end.close()
+            processes.append(process)
+            conns.append(parent_end)
+        published, last_change = -1, time.monotonic()
+        while len(received) < config.ranks:
+            for rank, conn in enumerate(conns):
+                if rank in received:
+                    continue
+                try:
+                    if conn.poll(0.05 / config.ranks):
+                        received[rank] = conn.recv()
+                except (EOFError, OSError):
+                    received[rank] = None  # its end closed without an outcome (killed)
+            now_published = int(control[PUBLISHED])
+            now = time.monotonic()
+            if now_published != published:
+                published, last_change = now_published, now
+                if on_progress is not None:
+                    on_progress(published + 1)
+            if now - last_change > stall_s and now - started > STARTUP_GRACE_S:
+                for rank, process in enumerate(processes):
+                    if rank not in received:
+                        log.error("rank %d made no progress for %.0f s; killing it", rank, now - last_change)
+                        process.kill()
+                last_change = now
+    finally:
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join(10)
+        for conn in conns:
+            conn.close()
+        del control
+        with contextlib.suppress(BufferError):
+            control_map.close()
+        if SharedPool.unlink(pool_path):
+            log.info("removed the shared pool %s (no rank got far enough to remove it)", pool_path)
+    wall = time.monotonic() - started
+    outcomes = tuple(_outcome(rank, processes[rank], received.get(rank)) for rank in range(config.ranks))
+    return ScenarioResult(config, outcomes, wall, pool_path)

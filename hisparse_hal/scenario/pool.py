@@ -1,0 +1,144 @@
+"""The shared host pool of a scenario: one memory-backed file every rank maps, with a control page.
+
+Invariant: the file is unlinked as soon as every rank has mapped it, so no process's death leaves it
+behind; each rank holds a POSIX lock on its own byte of the file while it lives, so any rank can tell,
+without a timeout, that another one is gone (the kernel drops a dead process's locks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import struct
+import tempfile
+import uuid
+
+import torch
+
+from hisparse_hal.errors import InvalidArgumentError
+
+__all__ = ["SharedPool", "CONTROL_BYTES", "PUBLISHED", "ABORTED"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes before the data: int64 words (step published by rank 0, steps consumed per rank, pids).
+CONTROL_BYTES = mmap.PAGESIZE
+#: Word holding the last step rank 0 published (-1: none).
+PUBLISHED = 0
+_CONSUMED_AT = 1
+_PIDS_AT = 128
+#: Word set to ``1 + lost rank`` by the first rank that finds another one gone (0: none).
+ABORTED = 511
+NAME_PREFIX = "hisparse-hal-pool-"
+MAX_RANKS = _PIDS_AT - _CONSUMED_AT
+
+
+def _pool_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+class SharedPool:
+    """One rank's mapping of the shared pool.
+
+    Attributes:
+        control: ``[CONTROL_BYTES // 8]`` int64 words (see ``PUBLISHED``, ``consumed_word``, ``ABORTED``).
+        data: ``[pool_blocks, block_bytes]`` uint8, page-aligned; what each rank pins.
+    """
+
+    def __init__(self, path: str, rank: int, ranks: int, pool_blocks: int, block_bytes: int) -> None:
+        self.path = path
+        self.rank = rank
+        self.ranks = ranks
+        size = CONTROL_BYTES + pool_blocks * block_bytes
+        self._fd = os.open(path, os.O_RDWR)  # the only descriptor this process opens on the file
+        try:
+            if os.fstat(self._fd).st_size != size:
+                raise InvalidArgumentError(f"shared pool {path} is {os.fstat(self._fd).st_size} bytes, expected {size}")
+            self._map = mmap.mmap(self._fd, size)
+            whole = torch.frombuffer(self._map, dtype=torch.uint8)
+            self.control = whole[:CONTROL_BYTES].view(torch.int64)
+            self.data = whole[CONTROL_BYTES:].view(pool_blocks, block_bytes)
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, rank)  # "rank is alive", until exit
+            self.control[_PIDS_AT + rank] = os.getpid()
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    # ------------------------------------------------------------------ creation and removal
+    @staticmethod
+    def create(ranks: int, pool_blocks: int, block_bytes: int) -> str:
+        """Create the pool's file (zeroed data, control words ready) and return its path.
+
+        Raises:
+            InvalidArgumentError: more ranks than the control page has words for.
+        """
+        if ranks > MAX_RANKS:
+            raise InvalidArgumentError(f"the shared pool's control page holds at most {MAX_RANKS} ranks, got {ranks}")
+        path = os.path.join(_pool_dir(), NAME_PREFIX + uuid.uuid4().hex)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, CONTROL_BYTES + pool_blocks * block_bytes)
+            unset = _PIDS_AT + MAX_RANKS  # published, consumed and pid words start at -1; ABORTED at 0
+            os.pwrite(fd, struct.pack(f"<{unset}q", *([-1] * unset)), 0)
+        except BaseException:
+            os.close(fd)
+            SharedPool.unlink(path)
+            raise
+        os.close(fd)
+        return path
+
+    @staticmethod
+    def unlink(path: str) -> bool:
+        """Remove the pool's file name (mappings stay valid); False when it was gone already."""
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            return False
+        return True
+
+    # ------------------------------------------------------------------ control words
+    @staticmethod
+    def consumed_word(rank: int) -> int:
+        """Index of the word holding the last step ``rank`` finished reading."""
+        return _CONSUMED_AT + rank
+
+    def word(self, index: int) -> int:
+        """The control word ``index``."""
+        return int(self.control[index])
+
+    def set_word(self, index: int, value: int) -> None:
+        """Store ``value`` in control word ``index``."""
+        self.control[index] = value
+
+    def pid_of(self, rank: int) -> int:
+        """The pid ``rank`` recorded when it mapped the pool (-1: not yet)."""
+        return int(self.control[_PIDS_AT + rank])
+
+    # ------------------------------------------------------------------ liveness
+    def is_lost(self, rank: int) -> bool:
+        """Whether ``rank`` mapped the pool and has since exited (its liveness lock is free)."""
+        if rank == self.rank or self.pid_of(rank) < 0:
+            return False
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, rank)
+        except OSError:
+            return False  # held: alive
+        fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, rank)
+        return True
+
+    def lost_ranks(self) -> list[int]:
+        """Every other rank that has exited."""
+        return [r for r in range(self.ranks) if self.is_lost(r)]
+
+    def close(self) -> None:
+        """Drop this rank's mapping and its liveness lock (callers drop their views of ``data`` first)."""
+        self.control = self.data = None  # type: ignore[assignment]
+        with contextlib.suppress(BufferError):  # a view still alive somewhere: the exit unmaps it
+            self._map.close()
+        os.close(self._fd)
