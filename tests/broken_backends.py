@@ -29,7 +29,8 @@ class SwapOneByteShort(CpuBackend):
         sizes = batch.sizes.clone()
         if int(sizes[-1]) > 0:
             sizes[-1] -= 1
-        super()._enqueue_swap(dataclasses.replace(batch, sizes=sizes))
+        # size_range=None: the checked (uniform) bounds no longer describe the shortened sizes.
+        super()._enqueue_swap(dataclasses.replace(batch, sizes=sizes, size_range=None))
 
 
 class SwapDropsLastDescriptorOfChunk(CpuBackend):
