@@ -27,13 +27,24 @@ _BLOCK_ROWS = 256
 _GATHER_COLUMNS = 16
 
 
-@functools.lru_cache(maxsize=1)
-def kernels() -> types.ModuleType:
-    """The kernel module (imports triton on first call).
+def kernels(device: torch.device | None = None) -> types.ModuleType:
+    """The kernel module (imports triton on first call), checked against the tensors' ``device``.
 
     Raises:
-        UnsupportedCapabilityError: triton is not installed or does not import.
+        UnsupportedCapabilityError: triton is not installed or does not import, or ``device`` is not a GPU
+            and the kernels were not defined for triton's interpreter.
     """
+    module = _kernel_module()
+    if device is not None and device.type != "cuda" and not module.INTERPRETED:
+        raise UnsupportedCapabilityError(
+            f"the Triton cache ops got tensors on {device}; triton runs CPU tensors only through its "
+            "interpreter, which must be on (TRITON_INTERPRET=1) before the first cache-op call"
+        )
+    return module
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_module() -> types.ModuleType:
     try:
         from . import triton_kernels
     except ImportError as exc:  # triton missing or broken
@@ -118,8 +129,8 @@ def resolve_residency(
     rows, top_k = global_indices.shape
     if rows == 0 or top_k == 0:
         return
-    k = kernels()
     device = global_indices.device
+    k = kernels(device)
     slots = device_global_indices.size(1)
     block_size = hot_cache.size(1)
     scratch = _Scratch(rows, top_k, slots, device)
@@ -130,7 +141,7 @@ def resolve_residency(
     valid = _or_dummy(valid_counts, dummy)
     k.resolve_residency_kernel[(rows,)](
         host_cache.size(0), block_size, rows, top_k, slots, device_global_indices.size(0), max_union_rows,
-        hot_block_table, hot_block_table.stride(0),
+        hot_block_table, hot_block_table.size(0), hot_block_table.size(1), hot_block_table.stride(0),
         global_indices, global_indices.stride(0),
         hot_indices,
         device_global_indices, lru_slots,
@@ -249,7 +260,7 @@ def _launch_gather(
     attention_indices: torch.Tensor | None,
     attention_block_stride: int,
 ) -> None:
-    k = kernels()
+    k = kernels(global_indices.device)
     rows, columns = global_indices.shape
     paged = hot_cache if hot_cache.dim() == 3 else hot_cache.unsqueeze(1)  # 2-D staging: block size 1
     host_words, hot_words = _words(host_cache), _words(paged)
@@ -292,7 +303,7 @@ def invalidate_written_slots(
     tokens = req_id_per_token.numel()
     if tokens == 0 or device_global_indices.numel() == 0:
         return
-    k = kernels()
+    k = kernels(device_global_indices.device)
     slots = device_global_indices.size(1)
     k.invalidate_written_slots_kernel[(tokens,)](
         device_global_indices, request_state_indices, req_id_per_token, written_slots,

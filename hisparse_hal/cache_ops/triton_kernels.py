@@ -8,10 +8,15 @@ AMD; the SGLang #23970 bug was a warp-32 scan window). Addresses are computed in
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
-__all__ = ["resolve_residency_kernel", "gather_rows_kernel", "invalidate_written_slots_kernel"]
+__all__ = ["INTERPRETED", "resolve_residency_kernel", "gather_rows_kernel", "invalidate_written_slots_kernel"]
+
+#: Whether the kernels below were defined for triton's CPU interpreter (``TRITON_INTERPRET=1`` at import).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Hash-table cell states (per run, in global scratch).
 _EMPTY = tl.constexpr(-1)  # key of an unused cell; host rows are >= 0
@@ -75,11 +80,16 @@ def _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI: tl.constexpr):
 
 
 @triton.jit
-def _phys(q64, slot, hbt_ptr, hbt_stride0, block_size):
-    """Physical hot row of ``slot`` of batch row ``q64``: hot_block_table[q, slot // B] * B + slot % B."""
+def _phys(q64, slot, hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size):
+    """Physical hot row of ``slot`` of batch row ``q64``: hot_block_table[q, slot // B] * B + slot % B.
+
+    A table cell outside the table reads as block -1 (a negative row, which gather_compact skips).
+    """
     slot64 = slot.to(tl.int64)
     safe = tl.where(slot64 >= 0, slot64, 0)
-    block = tl.load(hbt_ptr + q64 * hbt_stride0 + safe // block_size).to(tl.int64)
+    column = safe // block_size
+    inside = ((column < hbt_cols) & ((q64 >= 0) & (q64 < hbt_rows))) != 0
+    block = tl.load(hbt_ptr + tl.where(inside, q64 * hbt_stride0 + column, 0), mask=inside, other=-1).to(tl.int64)
     return block * block_size + safe % block_size
 
 
@@ -97,7 +107,7 @@ def resolve_residency_kernel(
     # geometry
     host_rows, block_size, N, K, H, num_states, max_union_rows,
     # inputs and state
-    hbt_ptr, hbt_stride0,
+    hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
     gi_ptr, gi_stride0,
     hot_ptr,
     dgi_ptr, lru_ptr,
@@ -258,7 +268,8 @@ def resolve_residency_kernel(
                         key = tl.load(keys_ptr + table + safe, mask=miss, other=0)
                         if HAS_SWAP:
                             tl.store(swap_host_ptr + r0 * K + m, key, mask=miss)
-                            dev = tl.where(good, _phys(q, tl.where(good, slot, 0), hbt_ptr, hbt_stride0, block_size), -1)
+                            dev = tl.where(good, _phys(q, tl.where(good, slot, 0), hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
+                                                         block_size), -1)
                             tl.store(swap_dev_ptr + r0 * K + m, dev.to(tl.int32), mask=miss)
                         tl.store(dgi_ptr + s_row + tl.where(good, slot, 0), key, mask=good)
                         tl.store(kind_ptr + table + safe, tl.where(good, _KIND_MISS, _KIND_INVALID), mask=miss)
@@ -288,7 +299,7 @@ def resolve_residency_kernel(
                     slot = tl.load(slot_ptr + table + cell, mask=host, other=0)
                     first = tl.load(first_ptr + table + cell, mask=host, other=-1)
                     served = host & (kind != _KIND_INVALID)
-                    phys = _phys(q, tl.where(served, slot, 0), hbt_ptr, hbt_stride0, block_size)
+                    phys = _phys(q, tl.where(served, slot, 0), hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size)
                     x = tl.where(res >= 0, res, tl.where(served, phys, -1))
                     _write_index(hot_ptr, att_ptr, att_stride0, r, cols, x, mc, block_size, att_block_stride, K,
                                  HAS_ATT)
