@@ -81,17 +81,20 @@ def test_override_triton_on_cpu_runs_the_interpreter() -> None:
 
 
 def test_override_triton_on_cpu_without_the_interpreter_is_refused() -> None:
-    with pytest.raises(UnsupportedCapabilityError, match="runs CPU tensors only through its interpreter; set TRITON_INTERPRET=1"):
+    expected = "runs CPU tensors only through its interpreter; set TRITON_INTERPRET=1"
+    with pytest.raises(UnsupportedCapabilityError, match=expected):
         choose_cache_ops(CPU, HAS_TRITON, environ={CACHE_OPS_ENV: "triton"})
 
 
 def test_override_triton_without_triton_is_refused_not_ignored() -> None:
-    with pytest.raises(UnsupportedCapabilityError, match=r"HISPARSE_HAL_CACHE_OPS=triton, but triton does not import \(ModuleNotFoundError"):
+    expected = r"HISPARSE_HAL_CACHE_OPS=triton, but triton does not import \(ModuleNotFoundError"
+    with pytest.raises(UnsupportedCapabilityError, match=expected):
         choose_cache_ops(GPU, NO_TRITON, environ={CACHE_OPS_ENV: "triton"})
 
 
 def test_unknown_override_value_is_rejected_with_the_choices() -> None:
-    with pytest.raises(InvalidArgumentError, match=r"HISPARSE_HAL_CACHE_OPS must be one of \['triton', 'torch'\], got 'cuda'"):
+    expected = r"HISPARSE_HAL_CACHE_OPS must be one of \['triton', 'torch'\], got 'cuda'"
+    with pytest.raises(InvalidArgumentError, match=expected):
         choose_cache_ops(GPU, HAS_TRITON, environ={CACHE_OPS_ENV: "cuda"})
 
 
@@ -154,7 +157,8 @@ def _assert_compacted(host: torch.Tensor, hot: torch.Tensor) -> None:
 def test_cpu_device_reports_torch_cache_ops_with_the_reason() -> None:
     backend = CpuBackend()
     assert backend.capabilities.cache_ops == "torch"
-    assert "cache ops: torch (device cpu is not a GPU; the Triton kernels compile for GPUs only)" in backend.capabilities.notes
+    reason = "device cpu is not a GPU; the Triton kernels compile for GPUs only"
+    assert f"cache ops: torch ({reason})" in backend.capabilities.notes
     assert backend.create_cache_ops(None).implementation == "torch"
 
 
@@ -208,7 +212,8 @@ def test_simulated_cuda_backend_reports_torch_where_triton_is_missing(monkeypatc
     backend = _sim_cuda()
     assert backend.capabilities.cache_ops == "torch"
     assert backend.create_cache_ops(None).implementation == "torch"
-    assert any(n.startswith("cache ops: torch (triton does not import (ModuleNotFoundError") for n in backend.capabilities.notes)
+    notes = backend.capabilities.notes
+    assert any(n.startswith("cache ops: torch (triton does not import (ModuleNotFoundError") for n in notes)
 
 
 def test_simulated_rocm_backend_reports_triton_or_torch_by_availability(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,7 +236,8 @@ def test_gpu_layer_view_of_pinned_memory_uses_the_host_address_without_alias() -
 def test_gpu_layer_refuses_a_view_of_memory_it_did_not_pin() -> None:
     backend = _sim_cuda()
     stray = torch.zeros(4, 32, dtype=torch.uint8)
-    with pytest.raises(InvalidArgumentError, match=r"is not inside memory pinned by backend 'cuda'; pin_tensor the host pool first"):
+    expected = r"is not inside memory pinned by backend 'cuda'; pin_tensor the host pool first"
+    with pytest.raises(InvalidArgumentError, match=expected):
         backend.device_view_of_host(stray)
 
 

@@ -12,9 +12,9 @@ import argparse
 import dataclasses
 import importlib
 import json
+import os
 import statistics
 import time
-import os
 from typing import TYPE_CHECKING, Callable
 
 import torch

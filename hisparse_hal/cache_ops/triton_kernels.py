@@ -268,8 +268,9 @@ def resolve_residency_kernel(
                         key = tl.load(keys_ptr + table + safe, mask=miss, other=0)
                         if HAS_SWAP:
                             tl.store(swap_host_ptr + r0 * K + m, key, mask=miss)
-                            dev = tl.where(good, _phys(q, tl.where(good, slot, 0), hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
-                                                         block_size), -1)
+                            victim = _phys(q, tl.where(good, slot, 0), hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
+                                           block_size)
+                            dev = tl.where(good, victim, -1)
                             tl.store(swap_dev_ptr + r0 * K + m, dev.to(tl.int32), mask=miss)
                         tl.store(dgi_ptr + s_row + tl.where(good, slot, 0), key, mask=good)
                         tl.store(kind_ptr + table + safe, tl.where(good, _KIND_MISS, _KIND_INVALID), mask=miss)
@@ -388,7 +389,8 @@ def gather_rows_kernel(
         src = host_ptr + tl.where(from_host, g, 0)[:, None] * row_words + w[None, :]
         vals = tl.load(src, mask=from_host[:, None] & mw[None, :], other=0)
         dsafe = tl.where(take, d, 0)
-        dst = hot_ptr + ((dsafe // block_size) * block_stride_w + (dsafe % block_size) * row_stride_w)[:, None] + w[None, :]
+        row_start = (dsafe // block_size) * block_stride_w + (dsafe % block_size) * row_stride_w
+        dst = hot_ptr + row_start[:, None] + w[None, :]
         tl.store(dst, vals, mask=take[:, None] & mw[None, :])
 
 
