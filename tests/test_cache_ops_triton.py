@@ -177,8 +177,8 @@ def _host_rows(rows: int, width: int = 32) -> torch.Tensor:
 
 def test_gather_compact_copies_clamped_counts_zero_fills_and_skips_bad_destinations() -> None:
     host = _host_rows(10)
-    slab = torch.full((6, 2, 48), 0xAB, dtype=torch.uint8)
-    hot = slab[:, :, :32]  # strided blocks: 96 B between rows' block starts, rows contiguous
+    slab = torch.full((6, 80), 0xAB, dtype=torch.uint8)
+    hot = slab[:, :64].view(6, 2, 32)  # blocks 80 B apart (a multi-layer slab), rows back to back
     before = slab.clone()
     rows = t32([[1, 11, 3, 4], [5, -1, 6, 2]])
     dest = t32([[0, 1, 2, 3], [4, 5, 12, -2]])
@@ -188,7 +188,7 @@ def test_gather_compact_copies_clamped_counts_zero_fills_and_skips_bad_destinati
     assert flat[1].eq(0).all()  # host row 11 >= 10 rows: zeros, never stale
     assert flat[3].eq(0xAB).all()  # past row 0's count of 3
     assert flat[5].eq(0xAB).all()  # source -1: skipped
-    assert torch.equal(slab[:, :, 32:], before[:, :, 32:])  # bytes between rows untouched
+    assert torch.equal(slab[:, 64:], before[:, 64:])  # bytes between blocks untouched
 
 
 def test_gather_plan_copies_masked_columns_and_writes_attention_for_every_column() -> None:

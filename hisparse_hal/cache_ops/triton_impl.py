@@ -106,9 +106,10 @@ def resolve_residency(
     """Plan one decode step: translate top-k, find hot hits, pick LRU victims, update DGI/LRU, list swaps.
 
     Semantics, arguments and outputs exactly as ``hisparse_resolve_residency`` in vLLM 0.33.0 (see
-    ``docs/design/cache-ops.md``); in place, returns None. One program per batch row; the first row of
-    each run (rows with one request id) resolves the whole run in tiles, using a per-run hash table in
-    global scratch (no shared-memory limit, unlike the CUDA kernel's on 64 KiB-LDS AMD parts).
+    ``docs/design/cache-ops.md``); in place, returns None. Two launches of one program per batch row; the
+    first row of each run (rows with one request id) handles the whole run in tiles: launch 1 builds the
+    run's union in a hash table in global scratch (no shared-memory limit, unlike the CUDA kernel's on
+    64 KiB-LDS AMD parts), launch 2 does the rest.
 
     Args:
         error_flags: optional int32 ``[1]`` on the ops' device, OR-ed with 1 (a run's union overflowed
@@ -139,21 +140,39 @@ def resolve_residency(
     res = _or_dummy(resident_block_table, dummy)
     att = _or_dummy(attention_indices, dummy)
     valid = _or_dummy(valid_counts, dummy)
+    flags = dict(
+        HAS_RSI=request_state_indices is not None,
+        HAS_RID=request_ids is not None,
+        HAS_SRC=source_block_table is not None,
+        HAS_RES=resident_block_table is not None,
+    )
+    state_rows = request_state_indices.numel() if request_state_indices is not None else 0
+    source = (
+        src, src.size(0) if source_block_table is not None else 0,
+        src.size(1) if source_block_table is not None else 0, src.stride(0), max(source_block_size, 1),
+        res, res.size(0) if resident_block_table is not None else 0,
+        res.size(1) if resident_block_table is not None else 0, res.stride(0), max(resident_block_size, 1),
+        resident_null_block,
+    )
+    k.resolve_union_kernel[(rows,)](
+        host_cache.size(0), rows, top_k, device_global_indices.size(0),
+        global_indices, global_indices.stride(0),
+        _or_dummy(request_state_indices, dummy), state_rows,
+        _or_dummy(request_ids, dummy),
+        *source,
+        scratch.keys, scratch.first, scratch.kind, scratch.cells, scratch.union,
+        BLOCK_K=_pow2(top_k),
+        **flags,
+    )
     k.resolve_residency_kernel[(rows,)](
         host_cache.size(0), block_size, rows, top_k, slots, device_global_indices.size(0), max_union_rows,
         hot_block_table, hot_block_table.size(0), hot_block_table.size(1), hot_block_table.stride(0),
         global_indices, global_indices.stride(0),
         hot_indices,
         device_global_indices, lru_slots,
-        _or_dummy(request_state_indices, dummy),
-        request_state_indices.numel() if request_state_indices is not None else 0,
+        _or_dummy(request_state_indices, dummy), state_rows,
         _or_dummy(request_ids, dummy),
-        src, src.size(0) if source_block_table is not None else 0,
-        src.size(1) if source_block_table is not None else 0,
-        src.stride(0), max(source_block_size, 1),
-        res, res.size(0) if resident_block_table is not None else 0,
-        res.size(1) if resident_block_table is not None else 0,
-        res.stride(0), max(resident_block_size, 1), resident_null_block,
+        *source,
         _or_dummy(miss_mask, dummy),
         stats.view(torch.int64) if stats is not None else dummy,
         att, att.stride(0), attention_block_stride,
@@ -163,11 +182,7 @@ def resolve_residency(
         _or_dummy(swap_device_physical_rows, dummy),
         _or_dummy(swap_counts, dummy),
         _or_dummy(error_flags, dummy),
-        scratch.keys, scratch.first, scratch.kind, scratch.slot, scratch.cells, scratch.order,
-        HAS_RSI=request_state_indices is not None,
-        HAS_RID=request_ids is not None,
-        HAS_SRC=source_block_table is not None,
-        HAS_RES=resident_block_table is not None,
+        scratch.keys, scratch.first, scratch.kind, scratch.slot, scratch.cells, scratch.order, scratch.union,
         HAS_MISS=miss_mask is not None,
         HAS_STATS=stats is not None,
         HAS_ATT=attention_indices is not None,
@@ -178,12 +193,14 @@ def resolve_residency(
         BLOCK_K=_pow2(top_k),
         BLOCK_H=_pow2(slots),
         BLOCK_R=_pow2(rows, cap=_BLOCK_ROWS),
+        **flags,
     )
 
 
 class _Scratch:
     """Global-memory scratch of one resolve call: a hash table of 2 cells per position, the position->cell
-    map, and one LRU-ordered slot list per run (each run uses the part indexed by its first row)."""
+    map, one LRU-ordered slot list per run (each run uses the part indexed by its first row) and each run's
+    union size (at its first row)."""
 
     def __init__(self, rows: int, top_k: int, slots: int, device: torch.device) -> None:
         cells = 2 * rows * top_k
@@ -193,6 +210,7 @@ class _Scratch:
         self.slot = torch.empty(cells, dtype=torch.int32, device=device)
         self.cells = torch.empty(rows * top_k, dtype=torch.int32, device=device)
         self.order = torch.empty(rows * slots, dtype=torch.int32, device=device)
+        self.union = torch.empty(rows, dtype=torch.int32, device=device)
 
 
 def gather_compact(

@@ -13,7 +13,7 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETED", "resolve_residency_kernel", "gather_rows_kernel", "invalidate_written_slots_kernel"]
+__all__ = ["INTERPRETED", "resolve_union_kernel", "resolve_residency_kernel", "gather_rows_kernel", "invalidate_written_slots_kernel"]
 
 #: Whether the kernels below were defined for triton's CPU interpreter (``TRITON_INTERPRET=1`` at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -103,32 +103,9 @@ def _write_index(hot_ptr, att_ptr, att_stride0, r64, cols, x, mask, block_size, 
 
 
 @triton.jit
-def resolve_residency_kernel(
-    # geometry
-    host_rows, block_size, N, K, H, num_states, max_union_rows,
-    # inputs and state
-    hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
-    gi_ptr, gi_stride0,
-    hot_ptr,
-    dgi_ptr, lru_ptr,
-    rsi_ptr, rsi_len,
-    rid_ptr,
-    src_ptr, src_rows, src_cols, src_stride0, src_block,
-    res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
-    # optional outputs
-    miss_ptr, stats_ptr, att_ptr, att_stride0, att_block_stride,
-    resolved_ptr, valid_ptr, valid_stride0,
-    swap_host_ptr, swap_dev_ptr, swap_counts_ptr,
-    err_ptr,
-    # scratch: per run, at offsets derived from its first row
-    keys_ptr, first_ptr, kind_ptr, slot_ptr, cells_ptr, order_ptr,
-    HAS_RSI: tl.constexpr, HAS_RID: tl.constexpr, HAS_SRC: tl.constexpr, HAS_RES: tl.constexpr,
-    HAS_MISS: tl.constexpr, HAS_STATS: tl.constexpr, HAS_ATT: tl.constexpr, HAS_RESOLVED: tl.constexpr,
-    HAS_VALID: tl.constexpr, HAS_SWAP: tl.constexpr, HAS_ERR: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
-):
-    """One program per batch row; the first row of each run resolves the whole run, the others exit."""
-    r0 = tl.program_id(0).to(tl.int64)
+def _run_of(r0, N, rid_ptr, HAS_RID: tl.constexpr):
+    """(request row q, whether row r0 starts a run, the run's end r1): a run is a maximal block of rows with
+    one request id; without request ids every row is its own run."""
     if HAS_RID:
         q = tl.load(rid_ptr + r0).to(tl.int64)
         prev = tl.load(rid_ptr + tl.maximum(r0 - 1, 0)).to(tl.int64)
@@ -136,42 +113,43 @@ def resolve_residency_kernel(
     else:
         q = r0
         is_leader = r0 >= 0
-    if is_leader:
-        # ---- the run [r0, r1)
-        r1 = r0 + 1
-        if HAS_RID:
+    r1 = r0 + 1
+    if HAS_RID:
+        nxt = tl.load(rid_ptr + tl.minimum(r1, N - 1)).to(tl.int64)
+        while (r1 < N) & (nxt == q):
+            r1 += 1
             nxt = tl.load(rid_ptr + tl.minimum(r1, N - 1)).to(tl.int64)
-            while (r1 < N) & (nxt == q):
-                r1 += 1
-                nxt = tl.load(rid_ptr + tl.minimum(r1, N - 1)).to(tl.int64)
-        rows = r1 - r0
-        positions = rows * K
+    return q, is_leader, r1
+
+
+@triton.jit
+def resolve_union_kernel(
+    host_rows, N, K, num_states,
+    gi_ptr, gi_stride0,
+    rsi_ptr, rsi_len,
+    rid_ptr,
+    src_ptr, src_rows, src_cols, src_stride0, src_block,
+    res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+    keys_ptr, first_ptr, kind_ptr, cells_ptr, union_ptr,
+    HAS_RSI: tl.constexpr, HAS_RID: tl.constexpr, HAS_SRC: tl.constexpr, HAS_RES: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Resolve, launch 1 of 2 (one program per batch row; run leaders work): translate the run's top-k and
+    build its union, host row -> first position, in a per-run hash table; write the union's size.
+
+    A separate launch because the next one decides whether a state row is shared by asking whether an
+    earlier run with it fitted ``max_union_rows``, which needs every run's union size first.
+    """
+    r0 = tl.program_id(0).to(tl.int64)
+    q, is_leader, r1 = _run_of(r0, N, rid_ptr, HAS_RID)
+    if is_leader:
         s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
-        usable = s >= 0
-        dup = 0
-        if usable:
-            for start in range(0, r0, BLOCK_R):
-                rr = start + tl.arange(0, BLOCK_R).to(tl.int64)
-                mr = rr < r0
-                if HAS_RID:
-                    qq = tl.load(rid_ptr + rr, mask=mr, other=-1).to(tl.int64)
-                    pq = tl.load(rid_ptr + tl.maximum(rr - 1, 0), mask=mr & (rr > 0), other=-1).to(tl.int64)
-                    lead = mr & ((rr == 0) | (qq != pq))
-                else:
-                    qq = rr
-                    lead = mr
-                ss = _state_of(qq, rsi_ptr, rsi_len, num_states, HAS_RSI)
-                dup += tl.sum((lead & (ss == s)).to(tl.int32), axis=0)
-        # a state row already used by an earlier run of this call: this run is padding (flag 4)
-        reused = usable & (dup > 0)
-        usable = usable & (dup == 0)
-        cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
-        table = r0 * K * 2  # this run's hash table: 2 cells per position, load factor <= 1/2
-        table_size = positions * 2
-        cell_base = r0 * K
-        union = 0
-        if usable:
-            # ---- phase 1: translate and insert host-backed positions (host row -> first position)
+        if s >= 0:
+            positions = (r1 - r0) * K
+            cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
+            table = r0 * K * 2  # this run's hash table: 2 cells per position, load factor <= 1/2
+            table_size = positions * 2
+            cell_base = r0 * K
             for i in range(0, table_size, BLOCK_K):
                 ci = i + cols_k
                 mi = ci < table_size
@@ -201,17 +179,79 @@ def resolve_residency_kernel(
                         h = tl.where(active, (h + 1) % table_size, h)
                     tl.store(cells_ptr + cell_base + p, cell.to(tl.int32), mask=mc)
             tl.debug_barrier()
+            union = 0
             for i in range(0, table_size, BLOCK_K):
                 ci = i + cols_k
                 kk = tl.load(keys_ptr + table + ci, mask=ci < table_size, other=_EMPTY)
                 union += tl.sum((kk != _EMPTY).to(tl.int32), axis=0)
+            tl.store(union_ptr + r0, union)
+
+
+@triton.jit
+def resolve_residency_kernel(
+    # geometry
+    host_rows, block_size, N, K, H, num_states, max_union_rows,
+    # inputs and state
+    hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
+    gi_ptr, gi_stride0,
+    hot_ptr,
+    dgi_ptr, lru_ptr,
+    rsi_ptr, rsi_len,
+    rid_ptr,
+    src_ptr, src_rows, src_cols, src_stride0, src_block,
+    res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+    # optional outputs
+    miss_ptr, stats_ptr, att_ptr, att_stride0, att_block_stride,
+    resolved_ptr, valid_ptr, valid_stride0,
+    swap_host_ptr, swap_dev_ptr, swap_counts_ptr,
+    err_ptr,
+    # scratch: per run, at offsets derived from its first row
+    keys_ptr, first_ptr, kind_ptr, slot_ptr, cells_ptr, order_ptr, union_ptr,
+    HAS_RSI: tl.constexpr, HAS_RID: tl.constexpr, HAS_SRC: tl.constexpr, HAS_RES: tl.constexpr,
+    HAS_MISS: tl.constexpr, HAS_STATS: tl.constexpr, HAS_ATT: tl.constexpr, HAS_RESOLVED: tl.constexpr,
+    HAS_VALID: tl.constexpr, HAS_SWAP: tl.constexpr, HAS_ERR: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """Resolve, launch 2 of 2 (one program per batch row; run leaders work): with the union from launch 1,
+    classify the run's slots in LRU order, give misses the oldest evictable slots, publish indices and counts,
+    rewrite the LRU. Padding, overflowing and state-sharing runs get padding outputs only."""
+    r0 = tl.program_id(0).to(tl.int64)
+    q, is_leader, r1 = _run_of(r0, N, rid_ptr, HAS_RID)
+    if is_leader:
+        s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
+        usable = s >= 0
+        union = 0
+        if usable:
+            union = tl.load(union_ptr + r0)
         # more distinct host rows than max_union_rows: this run is padding (flag 1)
         overflow = usable & (union > max_union_rows)
         usable = usable & (union <= max_union_rows)
+        dup = 0
+        if usable:
+            for start in range(0, r0, BLOCK_R):
+                rr = start + tl.arange(0, BLOCK_R).to(tl.int64)
+                mr = rr < r0
+                if HAS_RID:
+                    qq = tl.load(rid_ptr + rr, mask=mr, other=-1).to(tl.int64)
+                    pq = tl.load(rid_ptr + tl.maximum(rr - 1, 0), mask=mr & (rr > 0), other=-1).to(tl.int64)
+                    lead = mr & ((rr == 0) | (qq != pq))
+                else:
+                    qq = rr
+                    lead = mr
+                same = lead & (_state_of(qq, rsi_ptr, rsi_len, num_states, HAS_RSI) == s)
+                fitted = tl.load(union_ptr + rr, mask=same, other=max_union_rows + 1) <= max_union_rows
+                dup += tl.sum((same & fitted).to(tl.int32), axis=0)
+        # an earlier run of this call already resolved this state row: this run is padding (flag 4)
+        reused = usable & (dup > 0)
+        usable = usable & (dup == 0)
         if HAS_ERR:
             flag = tl.where(reused, 4, tl.where(overflow, 1, 0))
             if flag != 0:
                 tl.atomic_or(err_ptr, flag)
+        cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
+        table = r0 * K * 2
+        table_size = (r1 - r0) * K * 2
+        cell_base = r0 * K
         if usable:
             hits_slots = 0
             evictable = 0
