@@ -16,6 +16,8 @@ import torch  # noqa: E402
 from sim_cuda_driver import SimulatedCudaDriver  # noqa: E402
 from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend  # noqa: E402
 
+from hisparse_hal.cache_ops import oracle  # noqa: E402
+from hisparse_hal.cache_ops.sequences import SHAPES, build_sequence, run_sequence  # noqa: E402
 from hisparse_hal.cache_ops.selection import (  # noqa: E402
     CACHE_OPS_ENV,
     TritonFacts,
@@ -180,6 +182,20 @@ def test_cpu_device_forced_to_triton_runs_the_interpreted_kernels(monkeypatch: p
     hot.view(8, 32)[1] = 9
     ops.gather_compact(host, hot, rows, dest, counts)
     _assert_compacted(host, hot)
+
+
+@pytest.mark.parametrize("forced", ["torch", "triton"])
+def test_cpu_device_cache_ops_run_a_decode_sequence_exactly_as_the_oracle(
+    forced: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if forced == "triton":
+        pytest.importorskip("triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv(CACHE_OPS_ENV, forced)
+    ops = CpuBackend().create_cache_ops(None)
+    assert ops.implementation == forced
+    sequence = build_sequence(11, SHAPES[2])  # MTP runs of up to 3 rows, int16 rows
+    assert run_sequence(ops, sequence) == run_sequence(oracle, sequence)
 
 
 def test_cpu_device_rejects_a_non_tensor_host_cache() -> None:

@@ -13,7 +13,13 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETED", "resolve_union_kernel", "resolve_residency_kernel", "gather_rows_kernel", "invalidate_written_slots_kernel"]
+__all__ = [
+    "INTERPRETED",
+    "resolve_union_kernel",
+    "resolve_residency_kernel",
+    "gather_rows_kernel",
+    "invalidate_written_slots_kernel",
+]
 
 #: Whether the kernels below were defined for triton's CPU interpreter (``TRITON_INTERPRET=1`` at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
