@@ -190,7 +190,7 @@ def check_resolve_residency(
     device = topk.device
     num_rows, top_k = topk.shape
     _host_cache(host_cache)
-    hot, block_size = _hot_cache(hot_cache, device, staging_allowed=False)
+    _, block_size = _hot_cache(hot_cache, device, staging_allowed=False)
 
     hot_out = _tensor("hot_indices", hot_indices)
     assert hot_out is not None

@@ -207,6 +207,8 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
         # Host mirror of this step's new tokens, then invalidation (with noise entries that must change nothing).
         writes, tokens, slots_written = [], [], []
         for q, i in enumerate(order):
+            if rsi[q] < 0:  # an inactive request writes no tokens
+                continue
             for _ in range(rows_of[i]):
                 t = length[i]
                 length[i] += 1
