@@ -9,7 +9,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hisparse_hal.cache_ops import torch_impl
+from hisparse_hal.cache_ops import oracle, torch_impl
+from hisparse_hal.cache_ops.sequences import POISON as POISON_SEQ
+from hisparse_hal.cache_ops.sequences import SHAPES, SequenceShape, StepRecord, build_sequence, run_sequence
+from hisparse_hal.errors import InvalidArgumentError
 
 I32 = torch.int32
 POISON = -999
@@ -246,3 +249,235 @@ def test_torch_ops_read_no_device_value_on_the_host_over_three_steps() -> None:
         torch_impl.invalidate_written_slots(example.dgi, example.state_of_request, torch.tensor([0, 1], dtype=I32),
                                             torch.tensor([21, 9]))
     assert example.dgi[2:].tolist() == [[-1, 38, 22, 23, 20, 39], [28, -1, 8, 44, 45, -1]]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Differential runs against the oracle over generated multi-step decode sequences.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _first_difference(ours: list[StepRecord], reference: list[StepRecord]) -> str:
+    """Where two recordings of one sequence first differ (step and field), for a readable failure."""
+    for step, (a, b) in enumerate(zip(ours, reference)):
+        for field in ("outputs", "dgi", "lru", "stats", "error_flags", "hot_bytes", "staging_bytes",
+                      "dgi_after_invalidate"):
+            mine, theirs = getattr(a, field), getattr(b, field)
+            if field == "outputs":
+                for name in theirs:
+                    if mine[name] != theirs[name]:
+                        return f"step {step} {name}: torch {mine[name]} != oracle {theirs[name]}"
+            elif mine != theirs:
+                return f"step {step} {field}: torch {mine} != oracle {theirs}"
+    return "different number of steps" if len(ours) != len(reference) else ""
+
+
+def _assert_matches_oracle(seeds: range, shape: SequenceShape) -> list[list[StepRecord]]:
+    recordings = []
+    for seed in seeds:
+        sequence = build_sequence(seed, shape)
+        ours, reference = run_sequence(torch_impl, sequence), run_sequence(oracle, sequence)
+        assert ours == reference, f"seed {seed}, {shape}: {_first_difference(ours, reference)}"
+        recordings.append(reference)
+    return recordings
+
+
+# 6 shapes x 250 seeds = 1,500 sequences here; test_cache_ops_library.py runs 500 more through torch.ops.
+SEEDS_PER_SHAPE = 250
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"shape{i}" for i in range(len(SHAPES))])
+def test_torch_equals_oracle_on_every_output_and_state_over_generated_sequences(shape: SequenceShape) -> None:
+    index = SHAPES.index(shape)
+    recordings = _assert_matches_oracle(range(index * 10_000, index * 10_000 + SEEDS_PER_SHAPE), shape)
+    steps = [step for recording in recordings for step in recording]
+    # The sequences must reach the cases this test exists for, or a pass would prove little.
+    flags = {step.error_flags for step in steps}
+    padded = sum(row == [-1] * shape.top_k for step in steps for row in step.outputs["hot_indices"])
+    untouched = sum(POISON_SEQ in row for step in steps for row in step.outputs["miss_mask"])
+    multi_row_swaps = sum(
+        count > 0 for step in steps for r, count in enumerate(step.outputs["swap_counts"]) if r > 0
+    )
+    assert padded > 0 and untouched > 0, "padding rows (outputs -1, miss_mask untouched) must occur"
+    assert any(flag & oracle.FLAG_LRU_TRIPWIRE for flag in flags), "a corrupted LRU victim must occur"
+    if shape.queries * shape.top_k > 1:
+        assert any(flag & oracle.FLAG_UNION_OVERFLOW for flag in flags), "some run must overflow max_union_rows"
+    if shape.queries > 1:
+        assert multi_row_swaps > 0, "an MTP run must spill swaps into its later rows"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Targeted cases, each also checked against the oracle on identical poisoned inputs.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _resolve_both(**kwargs: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Run torch_impl and the oracle on clones of the same single-request-per-row inputs (B=2, K=3, H=6)."""
+    results = []
+    for ops in (torch_impl, oracle):
+        t = {name: value.clone() for name, value in kwargs.items()}
+        ops.resolve_residency(
+            t["host"], t["hot"], t["hot_block_table"], t["topk"], t["hot_indices"], t["dgi"], t["lru"], t["rsi"],
+            t["lru"].shape[1], int(t["union_cap"]), t["miss_mask"], t["stats"], None, 0, t["request_ids"], t["source"],
+            2, None, t["valid_counts"], t["swap_host"], t["swap_device"], t["swap_counts"], None, 0, 0,
+            error_flags=t["flags"],
+        )
+        results.append(t)
+    return results[0], results[1]
+
+
+def _case(topk: list[list[int]], request_ids: list[int], rsi: list[int], union_cap: int = 6) -> dict[str, torch.Tensor]:
+    rows = len(topk)
+    source = torch.arange(1, 1 + 4 * 8, dtype=I32).view(4, 8)  # request q, page p -> host block 8q+p+1
+    return {
+        "host": torch.zeros(80, 16, dtype=torch.uint8), "hot": torch.zeros(16, 2, 16, dtype=torch.uint8),
+        "hot_block_table": torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]], dtype=I32),
+        "topk": torch.tensor(topk, dtype=I32), "hot_indices": torch.full((rows, 3), POISON, dtype=I32),
+        "dgi": torch.full((3, 6), -1, dtype=I32), "lru": torch.arange(6, dtype=torch.int16).repeat(3, 1),
+        "rsi": torch.tensor(rsi, dtype=I32), "union_cap": torch.tensor(union_cap),
+        "miss_mask": torch.full((rows, 3), POISON, dtype=I32), "stats": torch.zeros(2, dtype=torch.uint64),
+        "request_ids": torch.tensor(request_ids, dtype=I32), "source": source,
+        "valid_counts": torch.full((rows,), POISON, dtype=I32),
+        "swap_host": torch.full((rows, 3), POISON, dtype=I32), "swap_device": torch.full((rows, 3), POISON, dtype=I32),
+        "swap_counts": torch.full((rows,), POISON, dtype=I32), "flags": torch.zeros(1, dtype=I32),
+    }
+
+
+def _assert_same(ours: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> None:
+    for name, value in reference.items():
+        assert torch.equal(ours[name], value), f"{name}: torch {ours[name].tolist()} != oracle {value.tolist()}"
+
+
+def test_union_overflow_flags_bit_one_and_treats_only_that_run_as_padding() -> None:
+    # Request 0 has two rows with 5 distinct host rows > max_union_rows 4; request 1 fits.
+    case = _case([[0, 1, 2], [3, 4, 2], [0, 1, -1]], [0, 0, 1], [0, 1, 2, -1], union_cap=4)
+    ours, reference = _resolve_both(**case)
+    _assert_same(ours, reference)
+    assert ours["flags"].tolist() == [oracle.FLAG_UNION_OVERFLOW]
+    assert ours["hot_indices"][:2].tolist() == [[-1, -1, -1]] * 2
+    assert ours["miss_mask"][:2].tolist() == [[POISON] * 3] * 2, "an overflowed run keeps miss_mask"
+    assert ours["swap_counts"].tolist() == [0, 0, 2]
+    assert ours["dgi"][0].tolist() == [-1] * 6 and ours["lru"][0].tolist() == list(range(6))
+    assert ours["hot_indices"][2].tolist() == [8, 9, -1], "request 1 (hot blocks 4, 5) is served normally"
+
+
+def test_out_of_range_lru_victim_flags_bit_two_and_drops_only_that_reference() -> None:
+    case = _case([[0, 1, 2]], [0], [0])
+    case["lru"][0] = torch.tensor([0, -1, 2, 3, 4, 5], dtype=torch.int16)
+    ours, reference = _resolve_both(**case)
+    _assert_same(ours, reference)
+    assert ours["flags"].tolist() == [oracle.FLAG_LRU_TRIPWIRE]
+    assert ours["hot_indices"].tolist() == [[2, -1, 4]]
+    assert ours["miss_mask"].tolist() == [[1, 0, 1]]
+    assert ours["swap_host"].tolist() == [[2, 3, 4]] and ours["swap_device"].tolist() == [[2, -1, 4]]
+    assert ours["lru"][0].tolist() == [3, 4, 5, 0, -1, 2], "the bad slot stays among the just-filled slots"
+    assert ours["dgi"][0].tolist() == [2, -1, 4, -1, -1, -1]
+    assert ours["stats"].view(torch.int64).tolist() == [0, 2], "a dropped reference is neither hit nor miss"
+
+
+def test_second_run_on_one_state_row_flags_bit_four_and_becomes_padding() -> None:
+    # Requests 0 and 2 both map to state row 1; the later run (batch row 2) must not touch it.
+    case = _case([[0, 1, -1], [0, 1, -1], [4, 5, -1]], [0, 1, 2], [1, 0, 1, -1])
+    ours, reference = _resolve_both(**case)
+    _assert_same(ours, reference)
+    assert ours["flags"].tolist() == [oracle.FLAG_SHARED_STATE_ROW]
+    assert ours["hot_indices"][2].tolist() == [-1, -1, -1] and ours["swap_counts"].tolist() == [2, 2, 0]
+    assert ours["dgi"][1].tolist() == [2, 3, -1, -1, -1, -1]
+
+
+def test_in_row_duplicates_share_one_slot_and_count_one_miss() -> None:
+    case = _case([[5, 5, 6]], [0], [2])
+    ours, reference = _resolve_both(**case)
+    _assert_same(ours, reference)
+    assert ours["hot_indices"].tolist() == [[2, 2, 3]]
+    assert ours["miss_mask"].tolist() == [[1, 0, 1]]
+    assert ours["swap_counts"].tolist() == [2]
+    assert ours["stats"].view(torch.int64).tolist() == [1, 2]
+
+
+def test_stats_wrap_modulo_two_to_the_64() -> None:
+    case = _case([[0, 1, 2]], [0], [0])
+    case["stats"] = torch.tensor([-1, -2], dtype=torch.int64).view(torch.uint64)  # 2**64-1, 2**64-2
+    ours, reference = _resolve_both(**case)
+    _assert_same(ours, reference)
+    assert ours["stats"].view(torch.int64).tolist() == [-1, 1]
+
+
+def test_resolve_rejects_bad_argument_before_writing_anything() -> None:
+    case = _case([[0, 1, 2]], [0], [0])
+    case["lru"] = case["lru"].to(I32)
+    with pytest.raises(InvalidArgumentError, match="lru_slots"):
+        _resolve_both(**case)
+    assert case["hot_indices"].eq(POISON).all()
+
+
+def _gather_both(call: Any, host: torch.Tensor, hot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ours, reference = hot.clone(), hot.clone()
+    call(torch_impl, host, ours)
+    call(oracle, host, reference)
+    return ours, reference
+
+
+def test_gather_compact_copies_counted_entries_zero_fills_past_host_and_skips_bad_destinations() -> None:
+    host = torch.randint(0, 256, (10, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    hot = torch.randint(0, 256, (4, 2, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    sources = torch.tensor([[3, 12, -1], [4, 5, 6]], dtype=I32)
+    destinations = torch.tensor([[0, 1, 2], [8, 3, 7]], dtype=I32)
+    counts = torch.tensor([3, 2], dtype=I32)
+
+    def call(ops: Any, h: torch.Tensor, out: torch.Tensor) -> None:
+        ops.gather_compact(h, out, sources, destinations, counts)
+
+    ours, reference = _gather_both(call, host, hot)
+    assert torch.equal(ours, reference)
+    rows, before = ours.view(8, 32), hot.view(8, 32)
+    assert torch.equal(rows[0], host[3]) and rows[1].eq(0).all() and torch.equal(rows[3], host[5])
+    assert torch.equal(rows[2], before[2]), "negative host row: skipped"
+    assert torch.equal(rows[7], before[7]), "entry past the count: skipped"
+
+
+def test_gather_compact_moves_bf16_bits_exactly_into_a_strided_slab_view() -> None:
+    # Two layers interleaved per block: layer 0's view skips layer 1's rows, which must stay untouched.
+    slab = torch.randn(3, 2, 2, 8, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    layer0 = slab[:, 0]
+    host = torch.tensor([[float("nan")] * 8, [1.5] * 8, [-0.0] * 8], dtype=torch.bfloat16)
+    host.view(torch.int16)[0, 0] = 0x7FC1  # a NaN payload a float copy could canonicalise
+    layer1_before = slab[:, 1].clone()
+
+    def call(ops: Any, h: torch.Tensor, out: torch.Tensor) -> None:
+        view = out[:, 0]
+        ops.gather_compact(h, view, torch.tensor([[0, 2]], dtype=I32), torch.tensor([[5, 0]], dtype=I32),
+                           torch.tensor([2], dtype=I32))
+
+    ours, reference = _gather_both(call, host, slab)
+    assert torch.equal(ours.view(torch.int16), reference.view(torch.int16))
+    assert torch.equal(ours[2, 0, 1].view(torch.int16), host[0].view(torch.int16))
+    assert torch.equal(ours[:, 1].view(torch.int16), layer1_before.view(torch.int16))
+    assert not torch.equal(layer0.view(torch.int16), ours[:, 0].view(torch.int16)), "layer 0 did change"
+
+
+def test_gather_plan_skips_padding_rows_and_writes_attention_for_every_entry() -> None:
+    host = torch.randint(0, 256, (6, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    staging = torch.zeros(4, 16, dtype=torch.uint8)
+    attention = {}
+
+    def call(ops: Any, h: torch.Tensor, out: torch.Tensor) -> None:
+        attention[ops] = torch.full((2, 2), POISON, dtype=I32)
+        ops.gather_plan(h, out, torch.tensor([[1, 2], [3, 4]], dtype=I32), torch.tensor([[0, -1], [2, 3]], dtype=I32),
+                        torch.tensor([[1, 1], [1, 1]], dtype=I32), torch.tensor([0, -1], dtype=I32),
+                        attention[ops], 5)
+
+    ours, reference = _gather_both(call, host, staging)
+    assert torch.equal(ours, reference)
+    assert torch.equal(ours[0], host[1]) and ours[1:].eq(0).all(), "row 1 is padding: nothing copied"
+    assert attention[torch_impl].tolist() == attention[oracle].tolist() == [[0, -1], [-1, -1]]
+
+
+def test_invalidate_clears_every_occurrence_in_the_token_state_row_only() -> None:
+    dgi = torch.tensor([[7, 3, 7, -1], [7, 7, 2, 9], [5, 9, 9, 1]], dtype=I32)
+    args = (torch.tensor([1, 2, -1], dtype=I32), torch.tensor([0, 1, 2, 5, -1, 1], dtype=I32),
+            torch.tensor([7, 9, 9, 9, 7, 2**40]))
+    ours, reference = dgi.clone(), dgi.clone()
+    torch_impl.invalidate_written_slots(ours, *args)
+    oracle.invalidate_written_slots(reference, *args)
+    assert torch.equal(ours, reference)
+    assert ours.tolist() == [[7, 3, 7, -1], [-1, -1, 2, 9], [5, -1, -1, 1]]
