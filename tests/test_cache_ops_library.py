@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from hisparse_hal.cache_ops import library, selection, torch_impl
+from hisparse_hal.cache_ops import library, oracle, selection, torch_impl
+from hisparse_hal.cache_ops.sequences import SHAPES, SequenceShape, build_sequence, run_sequence
 
 I32 = torch.int32
 OPS = torch.ops.hisparse_hal
@@ -195,3 +196,24 @@ def test_torch_compile_fullgraph_keeps_the_ops_in_one_graph(backend: str) -> Non
     assert len(graphs) == 1, "one graph: no graph break"
     targets = {str(node.target).removesuffix(".default") for node in graphs[0].graph.nodes}
     assert {"hisparse_hal.resolve_residency", "hisparse_hal.gather_compact"} <= targets
+
+
+class _DispatcherOps:
+    """The four ops called through ``torch.ops.hisparse_hal`` (what an engine or a compiled graph calls)."""
+
+    resolve_residency = OPS.resolve_residency
+    gather_compact = OPS.gather_compact
+    gather_plan = OPS.gather_plan
+    invalidate_written_slots = OPS.invalidate_written_slots
+
+
+# With test_cache_ops_torch.py's 1,200 this makes 2,000 generated sequences through the torch implementation.
+SEEDS_PER_SHAPE = 800 // len(SHAPES) + 1
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"shape{i}" for i in range(len(SHAPES))])
+def test_ops_through_the_dispatcher_equal_the_oracle_over_generated_sequences(shape: SequenceShape) -> None:
+    start = 500_000 + SHAPES.index(shape) * 10_000
+    for seed in range(start, start + SEEDS_PER_SHAPE):
+        sequence = build_sequence(seed, shape)
+        assert run_sequence(_DispatcherOps, sequence) == run_sequence(oracle, sequence), f"seed {seed}, {shape}"

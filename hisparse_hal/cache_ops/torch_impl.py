@@ -28,11 +28,12 @@ _FLAG_SHARED_STATE_ROW = 4
 def _lookup(table: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``table[row, col]`` as int64 where both are in range, with the in-range mask; never indexes out of range."""
     rows, cols = table.shape
-    inside = (row >= 0) & (row < rows) & (col >= 0) & (col < cols)
     if rows == 0 or cols == 0:
-        return torch.zeros(inside.shape, dtype=_I64, device=inside.device), inside
-    value = table[row.clamp(0, rows - 1), col.clamp(0, cols - 1)].to(_I64)
-    return value, inside
+        inside = torch.zeros(torch.broadcast_shapes(row.shape, col.shape), dtype=torch.bool, device=row.device)
+        return torch.zeros(inside.shape, dtype=_I64, device=row.device), inside
+    row_in, col_in = row.clamp(0, rows - 1), col.clamp(0, cols - 1)
+    inside = (row_in == row) & (col_in == col)
+    return table[row_in, col_in].to(_I64), inside
 
 
 def _runs(request_ids: torch.Tensor | None, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,11 +83,12 @@ def _translate(
     if source_block_table is None:
         host = topk
     else:
-        page = torch.where(topk >= 0, topk // source_block_size, -1)
+        # Floor division maps every negative token to a negative page, which _lookup reports as outside.
+        page = torch.div(topk, source_block_size, rounding_mode="floor")
         block, inside = _lookup(source_block_table, q, page)
         host = torch.where(inside & (block > 0), block * source_block_size + topk % source_block_size, -1)
         if resident_block_table is not None:
-            page = torch.where(topk >= 0, topk // resident_block_size, -1)
+            page = torch.div(topk, resident_block_size, rounding_mode="floor")
             block, inside = _lookup(resident_block_table, q, page)
             mapped = inside & (block >= 0) & (block != resident_null_block)
             resident = torch.where(mapped, block * resident_block_size + topk % resident_block_size, -1)
@@ -196,6 +198,7 @@ def resolve_residency(
     leader, request_row = _runs(request_ids, num_rows, device)
     state = _state_rows(request_row, request_state_indices, num_states)
     live = state >= 0
+    state_row = state.clamp(min=0)  # a valid index everywhere; rows with state -1 are masked by `live`
 
     # Phase 1: translate every position.
     host, resident = _translate(
@@ -217,15 +220,15 @@ def resolve_residency(
     claims = is_leader & live & ~overflow
     first_claim = torch.full((num_states + 1,), num_rows, dtype=_I64, device=device)
     first_claim.scatter_reduce_(0, torch.where(claims, state, num_states), rows, reduce="amin")
-    shared = live & ~overflow & (first_claim[state.clamp(min=0)] != leader)
+    shared = live & ~overflow & (first_claim[state_row] != leader)
     active = live & ~overflow & ~shared
     backed = backed & active[:, None]
     first = first & backed.reshape(-1)
 
     # Phase 2: classify each leader's slots in LRU order. A slot is a hit iff it holds a row of the union.
-    lru = lru_slots[state.clamp(min=0)].to(_I64)  # [N, H]; only active leaders' rows are used
+    lru = lru_slots[state_row].to(_I64)  # [N, H]; only active leaders' rows are used
     slot_ok = (lru >= 0) & (lru < hot_size)
-    held = device_global_indices[state.clamp(min=0)].to(_I64).gather(1, lru.clamp(0, hot_size - 1))
+    held = device_global_indices[state_row].to(_I64).gather(1, lru.clamp(0, hot_size - 1))
     asked = (is_leader & active)[:, None] & slot_ok & (held >= 0)
     query = torch.where(asked, (leader[:, None] << _KEY_SHIFT) | held, -1)
     found_at = torch.searchsorted(sorted_keys, query).clamp(max=flat_count - 1)
