@@ -281,7 +281,8 @@ def _assert_matches_oracle(seeds: range, shape: SequenceShape) -> list[list[Step
     return recordings
 
 
-# 6 shapes x 200 seeds = 1,200 sequences here; test_cache_ops_library.py runs 800 more through torch.ops.
+# 6 shapes x 200 seeds = 1,200 sequences here (plus 120 with outputs left None);
+# test_cache_ops_library.py runs 800 more through torch.ops.
 SEEDS_PER_SHAPE = 200
 
 
@@ -303,6 +304,33 @@ def test_torch_equals_oracle_on_every_output_and_state_over_generated_sequences(
         assert any(flag & oracle.FLAG_UNION_OVERFLOW for flag in flags), "some run must overflow max_union_rows"
     if shape.queries > 1:
         assert multi_row_swaps > 0, "an MTP run must spill swaps into its later rows"
+
+
+
+class _WithoutOutputs:
+    """An implementation called with some optional resolve outputs left None (the rest of its ops unchanged)."""
+
+    def __init__(self, ops: Any, dropped: tuple[int, ...]) -> None:
+        self._ops, self._dropped = ops, dropped
+        self.gather_compact, self.gather_plan = ops.gather_compact, ops.gather_plan
+        self.invalidate_written_slots = ops.invalidate_written_slots
+
+    def resolve_residency(self, *args: Any, **kwargs: Any) -> None:
+        self._ops.resolve_residency(*(None if i in self._dropped else a for i, a in enumerate(args)), **kwargs)
+
+
+# Positions in vLLM's argument list: miss_mask 10, stats 11, attention 12, resolved 17, valid_counts 18, swaps 19-21.
+VLLM_CALL = (10, 17)  # what HiSparseRuntime._resolve_residency leaves None
+BARE_CALL = (10, 11, 12, 17, 18, 19, 20, 21)
+
+
+@pytest.mark.parametrize("dropped", [VLLM_CALL, BARE_CALL], ids=["vllm-call", "no-optional-outputs"])
+def test_torch_equals_oracle_when_optional_outputs_are_none(dropped: tuple[int, ...]) -> None:
+    for seed in range(900_000, 900_060):
+        sequence = build_sequence(seed, SHAPES[seed % len(SHAPES)])
+        ours = run_sequence(_WithoutOutputs(torch_impl, dropped), sequence)
+        reference = run_sequence(_WithoutOutputs(oracle, dropped), sequence)
+        assert ours == reference, f"seed {seed}: {_first_difference(ours, reference)}"
 
 
 # --------------------------------------------------------------------------------------------------------------
