@@ -20,6 +20,7 @@ __all__ = [
     "CacheOpsLike",
     "DecodeSequence",
     "DecodeStep",
+    "SequenceRun",
     "SequenceShape",
     "StepRecord",
     "StepTensors",
@@ -284,14 +285,16 @@ class StepRecord:
 class SequenceRun:
     """The live tensors of one sequence on one device: host and hot caches, state, counters."""
 
-    def __init__(self, sequence: DecodeSequence, device: torch.device | str = "cpu") -> None:
+    def __init__(self, sequence: DecodeSequence, device: torch.device | str = "cpu",
+                 host_device: torch.device | str | None = None) -> None:
         shape = sequence.shape
         self.sequence = sequence
         self.device = torch.device(device)
+        self.host_device = torch.device(host_device) if host_device is not None else self.device
         width = shape.row_width
         row_bytes = width * torch.empty((), dtype=shape.dtype).element_size()
         host = _host_bytes(sequence.seed, range(sequence.host_rows), row_bytes)
-        self.host = host.view(shape.dtype).to(self.device)
+        self.host = host.view(shape.dtype).to(self.host_device)
         generator = torch.Generator().manual_seed(sequence.seed + 1)
         hot = torch.randint(0, 256, (sequence.hot_blocks, shape.block_size, row_bytes), dtype=torch.uint8,
                             generator=generator)
@@ -344,8 +347,8 @@ class SequenceRun:
         """Rewrite this step's host rows (new bytes from the seed), then invalidate their hot copies."""
         if step.host_writes:
             fresh = _host_bytes(self.sequence.seed * 1000 + index + 7, step.host_writes, self.host_row_bytes())
-            rows = torch.tensor(step.host_writes, dtype=torch.int64, device=self.device)
-            self.host.view(torch.uint8)[rows] = fresh.to(self.device)
+            rows = torch.tensor(step.host_writes, dtype=torch.int64, device=self.host_device)
+            self.host.view(torch.uint8)[rows] = fresh.to(self.host_device)
         ops.invalidate_written_slots(
             self.dgi, torch.tensor(step.request_state_indices, dtype=_I32, device=self.device),
             torch.tensor(step.written_tokens, dtype=_I32, device=self.device),
@@ -365,16 +368,19 @@ class SequenceRun:
 
 
 def run_sequence(ops: CacheOpsLike, sequence: DecodeSequence, device: torch.device | str = "cpu",
-                 check: Callable[[SequenceRun, DecodeStep, StepTensors], None] | None = None) -> list[StepRecord]:
+                 check: Callable[[SequenceRun, DecodeStep, StepTensors], None] | None = None,
+                 host_device: torch.device | str | None = None, run: SequenceRun | None = None) -> list[StepRecord]:
     """Drive ``ops`` through ``sequence`` as vLLM's runtime does, recording every output after every step.
 
+    ``host_device`` holds the host cache (default: ``device``; a backend's ``CacheOps`` wants it on CPU).
+    ``run`` reuses prepared live tensors (e.g. with a pinned host cache) instead of building them.
     Per step: resolve (poisoned outputs) -> gather_compact -> ``check`` (if given, e.g. an invariant test) ->
     gather_plan into a staging buffer -> host mirror writes -> invalidate_written_slots.
 
     Returns:
         One :class:`StepRecord` per step.
     """
-    run = SequenceRun(sequence, device)
+    run = run if run is not None else SequenceRun(sequence, device, host_device)
     records: list[StepRecord] = []
     for index, step in enumerate(sequence.steps):
         io = run.tensors(step)
