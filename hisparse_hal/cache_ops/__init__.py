@@ -7,6 +7,7 @@ Semantics: docs/design/cache-ops.md.
 
 from __future__ import annotations
 
-from . import arguments, oracle, sequences
+# Importing ``library`` defines torch.ops.hisparse_hal.* (idempotent).
+from . import arguments, library, oracle, sequences, torch_impl
 
-__all__ = ["arguments", "oracle", "sequences"]
+__all__ = ["arguments", "library", "oracle", "sequences", "torch_impl"]
