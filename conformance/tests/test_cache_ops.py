@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from hisparse_hal.conformance.arenas import synchronize
 
 from hisparse_hal.cache_ops import oracle
 from hisparse_hal.cache_ops.sequences import (
@@ -25,7 +26,6 @@ from hisparse_hal.cache_ops.sequences import (
     build_sequence,
     run_sequence,
 )
-from hisparse_hal.conformance.arenas import synchronize
 
 #: Generated sequences each backend's cache ops must match the oracle on (spread evenly over ``SHAPES``).
 CACHE_OPS_SEQUENCES = int(os.environ.get("HISPARSE_HAL_CACHE_OPS_SEQUENCES", "2000"))
@@ -103,7 +103,6 @@ def _translate(run: SequenceRun, step: Any, q: int, t: int) -> tuple[int, bool]:
 def test_after_resolve_and_gather_every_valid_entry_reads_its_host_row_and_stats_count_exactly(backend, cache_ops,
                                                                                                 seed) -> None:
     sequence = build_sequence(seed + 77_000, SHAPES[seed % len(SHAPES)])
-    k = sequence.top_k
     with _live(backend, sequence) as run:
         for index, step in enumerate(sequence.steps):
             dgi_before = run.dgi.to("cpu").tolist()
