@@ -101,6 +101,26 @@ def test_gpu_device_dispatches_to_what_selection_chooses(monkeypatch: pytest.Mon
     assert calls == [torch.device("cuda", 1)], "the choice is made once per device"
 
 
+def test_kernel_dispatches_on_the_accelerator_tensor_when_the_host_cache_is_on_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[torch.device] = []
+
+    class Recorder:
+        @staticmethod
+        def gather_compact(*args: Any) -> None:
+            seen.append(args[1].device)
+
+    def implementation_for(device: torch.device) -> type[Recorder]:
+        seen.append(device)
+        return Recorder
+
+    monkeypatch.setattr(library, "implementation_for", implementation_for)
+    kernel = library._device_kernel("gather_compact")
+    kernel(torch.zeros(2, 16), torch.empty(1, 2, 16, device="meta"), None, None, None)
+    assert seen == [torch.device("meta"), torch.device("meta")]
+
+
 def test_gpu_device_honours_a_forced_triton_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     library.implementation_for.cache_clear()
     monkeypatch.setattr(selection, "choose_cache_ops", lambda device: ("triton", "forced by the test"))

@@ -87,7 +87,9 @@ def _device_kernel(name: str) -> Callable[..., None]:
     """A dispatcher kernel that forwards to the chosen implementation for the tensors' device."""
 
     def kernel(*args: Any, **kwargs: Any) -> None:
-        device = next(arg.device for arg in args if isinstance(arg, torch.Tensor))
+        # The GPU when any tensor is on one: a CPU host cache may come with GPU index tensors.
+        devices = [arg.device for arg in args if isinstance(arg, torch.Tensor)]
+        device = next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
         getattr(implementation_for(device), name)(*args, **kwargs)
 
     kernel.__name__ = f"{name}_kernel"
