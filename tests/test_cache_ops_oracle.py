@@ -363,7 +363,6 @@ class StepCheck:
         self.run, self.step = run, step
         self.dgi, self.lru = run.dgi.tolist(), run.lru.tolist()
         self.stats = run.stats.view(torch.int64).tolist()
-        self.flags = int(run.error_flags.item())
         self.hot = run.hot.view(torch.uint8).clone()
 
     def translate(self, q: int, t: int) -> tuple[int, int]:
@@ -385,20 +384,26 @@ class StepCheck:
         dgi, lru = run.dgi.tolist(), run.lru.tolist()
         hot_rows = run.hot.view(torch.uint8).flatten(0, 1)
         host = run.host.view(torch.uint8)
-        flags = int(run.error_flags.item())
+        flags = int(run.error_flags.item())  # cumulative over the sequence
         counts, valid = io.swap_counts.tolist(), io.valid_counts.tolist()
         runs: dict[int, list[int]] = {}
         for r, q in enumerate(step.request_ids):
             runs.setdefault(q, []).append(r)
         hits = misses = 0
-        for q, rows in runs.items():
+        claimed: set[int] = set()
+        for q, rows in runs.items():  # runs in batch order (dicts keep insertion order)
             s = step.request_state_indices[q] if 0 <= q < len(step.request_state_indices) else -1
-            padded = s < 0 or all(hot[r] == [-1] * k and valid[r] == 0 for r in rows) and flags & 1
-            if s < 0:
+            union = {g for r in rows for g, res in (self.translate(q, t) for t in step.global_indices[r])
+                     if g >= 0 and res < 0}
+            overflow = s >= 0 and len(union) > step.max_union_rows
+            shared = s >= 0 and not overflow and s in claimed
+            if s >= 0 and not overflow:
+                claimed.add(s)
+            assert not overflow or flags & oracle.FLAG_UNION_OVERFLOW
+            assert not shared or flags & oracle.FLAG_SHARED_STATE_ROW
+            if s < 0 or overflow or shared:
                 for r in rows:  # padding: -1 outputs, zero counts, miss_mask untouched
                     assert hot[r] == [-1] * k and valid[r] == 0 and counts[r] == 0 and miss[r] == [POISON] * k
-                continue
-            if padded:
                 continue
             assert sorted(lru[s]) == sorted(self.lru[s]), "LRU must stay a permutation of its slots"
             held = [x for x in dgi[s] if x >= 0]

@@ -135,7 +135,8 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
 
     Each step permutes the requests over the batch rows (so batch row != state row), gives each 1..Q rows
     (speculative verification rows share their request's union), pads the rest with request id -1 and sometimes
-    marks a request row inactive (state -1). Top-k mixes recent and old tokens, -1, positions past the source
+    marks a request row inactive (state -1) or, rarely, gives two request rows one state row (the later run is
+    padded and flags bit 4). Top-k mixes recent and old tokens, -1, positions past the source
     table, cross-row duplicates, rarely in-row duplicates and rows of host block 0 or past the host cache.
     Resident tail pages, a shrunken ``max_union_rows`` (overflow), a corrupted LRU entry and counters near
     2**64 appear with small probability.
@@ -205,10 +206,16 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
         while len(topk) < n:
             topk.append([rng.choice((-1, 0, 1)) for _ in range(k)])
             ids.append(-1)
+        silent = {q for q in range(len(order)) if rsi[q] < 0}
+        live = [q for q in range(len(order)) if rsi[q] >= 0]
+        if len(live) >= 2 and rng.random() < 0.05:  # two runs on one state row: the later one is padded (ours)
+            first, later = sorted(rng.sample(live, 2))
+            rsi[later] = rsi[first]
+            silent.add(later)
         # Host mirror of this step's new tokens, then invalidation (with noise entries that must change nothing).
         writes, tokens, slots_written = [], [], []
         for q, i in enumerate(order):
-            if rsi[q] < 0:  # an inactive request writes no tokens
+            if q in silent:  # an inactive (or padded) request writes no tokens
                 continue
             for _ in range(rows_of[i]):
                 t = length[i]
