@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -311,12 +312,13 @@ class _WithoutOutputs:
     """An implementation called with some optional resolve outputs left None (the rest of its ops unchanged)."""
 
     def __init__(self, ops: Any, dropped: tuple[int, ...]) -> None:
-        self._ops, self._dropped = ops, dropped
-        self.gather_compact, self.gather_plan = ops.gather_compact, ops.gather_plan
-        self.invalidate_written_slots = ops.invalidate_written_slots
+        def resolve(*args: Any, **kwargs: Any) -> None:
+            ops.resolve_residency(*(None if i in dropped else a for i, a in enumerate(args)), **kwargs)
 
-    def resolve_residency(self, *args: Any, **kwargs: Any) -> None:
-        self._ops.resolve_residency(*(None if i in self._dropped else a for i, a in enumerate(args)), **kwargs)
+        self.resolve_residency: Callable[..., None] = resolve
+        self.gather_compact: Callable[..., None] = ops.gather_compact
+        self.gather_plan: Callable[..., None] = ops.gather_plan
+        self.invalidate_written_slots: Callable[..., None] = ops.invalidate_written_slots
 
 
 # Positions in vLLM's argument list: miss_mask 10, stats 11, attention 12, resolved 17, valid_counts 18, swaps 19-21.
@@ -330,6 +332,32 @@ def test_torch_equals_oracle_when_optional_outputs_are_none(dropped: tuple[int, 
         sequence = build_sequence(seed, SHAPES[seed % len(SHAPES)])
         ours = run_sequence(_WithoutOutputs(torch_impl, dropped), sequence)
         reference = run_sequence(_WithoutOutputs(oracle, dropped), sequence)
+        assert ours == reference, f"seed {seed}: {_first_difference(ours, reference)}"
+
+
+
+class _WithoutHostSync:
+    """torch_impl with every op call run under :class:`no_host_sync`."""
+
+    def __init__(self) -> None:
+        self.resolve_residency = self._guarded(torch_impl.resolve_residency)
+        self.gather_compact = self._guarded(torch_impl.gather_compact)
+        self.gather_plan = self._guarded(torch_impl.gather_plan)
+        self.invalidate_written_slots = self._guarded(torch_impl.invalidate_written_slots)
+
+    @staticmethod
+    def _guarded(op: Callable[..., None]) -> Callable[..., None]:
+        def call(*args: Any, **kwargs: Any) -> None:
+            with no_host_sync():
+                op(*args, **kwargs)
+
+        return call
+
+
+def test_torch_ops_read_no_device_value_on_the_host_over_generated_sequences() -> None:
+    for seed in range(800_000, 800_030):
+        sequence = build_sequence(seed, SHAPES[seed % len(SHAPES)])
+        ours, reference = run_sequence(_WithoutHostSync(), sequence), run_sequence(oracle, sequence)
         assert ours == reference, f"seed {seed}: {_first_difference(ours, reference)}"
 
 
