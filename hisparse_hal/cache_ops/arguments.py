@@ -286,10 +286,10 @@ def check_resolve_residency(
         "swap_device_physical_rows": _tensor("swap_device_physical_rows", swap_device_physical_rows, optional=True),
         "swap_counts": _tensor("swap_counts", swap_counts, optional=True),
     }
-    given = [name for name, value in swaps.items() if value is not None]
-    if given and len(given) != len(swaps):
-        missing = [name for name in swaps if name not in given]
-        raise _fail(missing[0], "None", f"a tensor because {given[0]} is given (pass all three swap outputs or none)")
+    present = [name for name, value in swaps.items() if value is not None]
+    if present and len(present) != len(swaps):
+        absent = [name for name in swaps if name not in present]
+        raise _fail(absent[0], "None", f"a tensor because {present[0]} is given (pass all three swap outputs or none)")
     for name in ("swap_host_physical_rows", "swap_device_physical_rows"):
         out = swaps[name]
         if out is not None:
