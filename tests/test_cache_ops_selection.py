@@ -275,12 +275,31 @@ def test_rocm_view_address_is_the_registration_alias_that_kernels_read() -> None
 
 
 def test_rocm_alias_cannot_be_handed_to_an_injected_cpu_device_so_cache_ops_refuse() -> None:
-    backend = simulated_rocm_backend(SimulatedHipRuntime("7.14"))
+    from hisparse_hal.vendors.rocm.backend import RocmBackend
+
+    class PlainRocm(RocmBackend):  # the shared GPU layer's own view, without the simulator's stand-in
+        def _current_stream_handle(self) -> int:
+            return 0x5000
+
+        def is_current_stream_capturing(self) -> bool:
+            return False
+
+    simulated = simulated_rocm_backend(SimulatedHipRuntime("7.14"))
+    backend = PlainRocm(simulated.capabilities, simulated.runtime, 0, device=CPU)
     host, hot, rows, dest, counts = _compact_case()
     backend.pin_tensor(host)
     with pytest.raises(UnsupportedCapabilityError, match="cannot be dereferenced on the injected device cpu"):
         backend.create_cache_ops(None).gather_compact(host, hot, rows, dest, counts)
     assert int(hot.sum()) == 0  # refused before any row moved
+    backend.unpin_tensor(host)
+
+
+def test_simulated_rocm_cache_ops_move_pinned_rows_after_the_alias_checks_out() -> None:
+    backend = simulated_rocm_backend(SimulatedHipRuntime("7.14"))
+    host, hot, rows, dest, counts = _compact_case()
+    backend.pin_tensor(host)
+    backend.create_cache_ops(None).gather_compact(host, hot, rows, dest, counts)
+    _assert_compacted(host, hot)
 
 
 def test_simulated_cuda_cache_ops_move_pinned_rows_through_the_view(monkeypatch: pytest.MonkeyPatch) -> None:
