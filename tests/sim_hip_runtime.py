@@ -426,7 +426,8 @@ class _SimulatedRocmBackendMixin:
         hand the kernels the host tensor itself."""
         address = self.device_address_of_host(host_tensor)
         nbytes = min(host_tensor.numel() * host_tensor.element_size(), 4096)
-        if nbytes and self.simulator.kernel_read(address, nbytes) != ctypes.string_at(host_tensor.data_ptr(), nbytes):
+        seen = self.simulator.kernel_read(address, nbytes) if nbytes else b""
+        if seen != ctypes.string_at(host_tensor.data_ptr(), nbytes):
             raise AssertionError(f"device address {address:#x} does not alias host tensor at {host_tensor.data_ptr():#x}")
         return host_tensor
 
