@@ -428,7 +428,8 @@ class _SimulatedRocmBackendMixin:
         nbytes = min(host_tensor.numel() * host_tensor.element_size(), 4096)
         seen = self.simulator.kernel_read(address, nbytes) if nbytes else b""
         if seen != ctypes.string_at(host_tensor.data_ptr(), nbytes):
-            raise AssertionError(f"device address {address:#x} does not alias host memory at {host_tensor.data_ptr():#x}")
+            host = host_tensor.data_ptr()
+            raise AssertionError(f"device address {address:#x} does not alias host memory at {host:#x}")
         return host_tensor
 
 
