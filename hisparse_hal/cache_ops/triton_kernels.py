@@ -3,7 +3,8 @@
 Imported only by :mod:`hisparse_hal.cache_ops.triton_impl`, on first use, because importing it imports
 triton (and ``TRITON_INTERPRET`` is read when the kernels are defined). Every ordered compaction is a
 block-level ``tl.cumsum``, so no result depends on the warp or wavefront width (32 on NVIDIA, 64 on
-AMD; the SGLang #23970 bug was a warp-32 scan window). Addresses are computed in int64.
+AMD; the SGLang #23970 bug was a warp-32 scan window). Addresses are computed in int64. Resolve is two
+launches (union sizes, then the rest) so a run can see whether an earlier run with its state row fitted.
 """
 
 from __future__ import annotations
