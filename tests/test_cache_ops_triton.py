@@ -24,10 +24,10 @@ from hisparse_hal.errors import UnsupportedCapabilityError  # noqa: E402
 
 POISON = -7
 I32 = torch.int32
-#: Generated multi-step sequences run through the Triton ops here. The interpreter costs about 1.1 s per
-#: sequence on the project's 2-core VM (3-5 steps of five launches), so the default keeps this file near a
-#: minute; set HISPARSE_HAL_TRITON_SEQUENCES to run more (2,000 take about 37 minutes).
-TRITON_SEQUENCES = int(os.environ.get("HISPARSE_HAL_TRITON_SEQUENCES", "36"))
+#: Generated multi-step sequences run through the Triton ops here (10 per shape). The interpreter costs about
+#: 0.45 s per sequence on the project's 2-core VM when idle, 1-2 s when shared (3-5 steps of five launches), so
+#: the default keeps this file under a minute; HISPARSE_HAL_TRITON_SEQUENCES runs more (2,000: 15-60 minutes).
+TRITON_SEQUENCES = int(os.environ.get("HISPARSE_HAL_TRITON_SEQUENCES", "60"))
 SEED_BASE = 80_000
 
 
