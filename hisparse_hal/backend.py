@@ -43,11 +43,25 @@ log = logging.getLogger(__name__)
 class CacheOps:
     """What ``create_cache_ops`` returns: the per-step operations bound to one backend and runtime.
 
-    Every member is safe to call every decode step; swaps and gathers run on the current stream.
+    Every member is safe to call every decode step; swaps, gathers and the four cache ops run on the
+    current stream. The cache ops (vLLM 0.33.0's ``hisparse_*`` signatures, see
+    :mod:`hisparse_hal.cache_ops`) run in the implementation ``capabilities.cache_ops`` names; their
+    ``host_cache`` is passed as the backend's device view of the pinned host tensor
+    (:meth:`HiSparseBackend.device_view_of_host`), so every tensor they see is on the backend's device.
     """
 
     backend: "HiSparseBackend"
     runtime: Any
+
+    @property
+    def implementation(self) -> str:
+        """``"triton"`` or ``"torch"``: the implementation of the cache ops (``capabilities.cache_ops``)."""
+        return self.backend.capabilities.cache_ops
+
+    def _ops(self) -> Any:
+        from .cache_ops.selection import implementation_module
+
+        return implementation_module(self.implementation)
 
     def swap_blocks_batch(self, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
         """See :meth:`HiSparseBackend.swap_blocks_batch`."""
@@ -64,6 +78,105 @@ class CacheOps:
     def new_stats_counter(self) -> torch.Tensor:
         """A zeroed ``[hits, misses]`` counter of the backend's ``stats_dtype`` on its device."""
         return new_stats_counter(self.backend.device, self.backend.stats_dtype)
+
+    def resolve_residency(
+        self,
+        host_cache: torch.Tensor,
+        hot_cache: torch.Tensor,
+        hot_block_table: torch.Tensor,
+        global_indices: torch.Tensor,
+        hot_indices: torch.Tensor,
+        device_global_indices: torch.Tensor,
+        lru_slots: torch.Tensor,
+        request_state_indices: torch.Tensor | None,
+        region_stride: int,
+        max_union_rows: int,
+        miss_mask: torch.Tensor | None,
+        stats: torch.Tensor | None,
+        attention_indices: torch.Tensor | None,
+        attention_block_stride: int,
+        request_ids: torch.Tensor | None,
+        source_block_table: torch.Tensor | None,
+        source_block_size: int,
+        resolved_global_indices: torch.Tensor | None,
+        valid_counts: torch.Tensor | None,
+        swap_host_physical_rows: torch.Tensor | None,
+        swap_device_physical_rows: torch.Tensor | None,
+        swap_counts: torch.Tensor | None,
+        resident_block_table: torch.Tensor | None,
+        resident_block_size: int,
+        resident_null_block: int,
+        *,
+        error_flags: torch.Tensor | None = None,
+    ) -> None:
+        """Plan one decode step (``hisparse_resolve_residency``); see :mod:`hisparse_hal.cache_ops`.
+
+        Raises:
+            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
+        """
+        self._ops().resolve_residency(
+            self.backend.device_view_of_host(host_cache), hot_cache, hot_block_table, global_indices,
+            hot_indices, device_global_indices, lru_slots, request_state_indices, region_stride, max_union_rows,
+            miss_mask, stats, attention_indices, attention_block_stride, request_ids, source_block_table,
+            source_block_size, resolved_global_indices, valid_counts, swap_host_physical_rows,
+            swap_device_physical_rows, swap_counts, resident_block_table, resident_block_size,
+            resident_null_block, error_flags=error_flags,
+        )
+
+    def gather_compact(
+        self,
+        host_cache: torch.Tensor,
+        hot_cache: torch.Tensor,
+        miss_global_indices: torch.Tensor,
+        miss_hot_indices: torch.Tensor,
+        miss_counts: torch.Tensor,
+    ) -> None:
+        """Copy the compact swap plan from host to hot rows (``hisparse_gather_compact``).
+
+        Raises:
+            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
+        """
+        self._ops().gather_compact(
+            self.backend.device_view_of_host(host_cache), hot_cache, miss_global_indices, miss_hot_indices,
+            miss_counts,
+        )
+
+    def gather_plan(
+        self,
+        host_cache: torch.Tensor,
+        hot_cache: torch.Tensor,
+        global_indices: torch.Tensor,
+        hot_indices: torch.Tensor,
+        miss_mask: torch.Tensor,
+        request_state_indices: torch.Tensor | None,
+        attention_indices: torch.Tensor | None,
+        attention_block_stride: int,
+    ) -> None:
+        """Masked gather from host rows into a hot or staging buffer (``hisparse_gather_plan``).
+
+        Raises:
+            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
+        """
+        self._ops().gather_plan(
+            self.backend.device_view_of_host(host_cache), hot_cache, global_indices, hot_indices, miss_mask,
+            request_state_indices, attention_indices, attention_block_stride,
+        )
+
+    def invalidate_written_slots(
+        self,
+        device_global_indices: torch.Tensor,
+        request_state_indices: torch.Tensor,
+        req_id_per_token: torch.Tensor,
+        written_slots: torch.Tensor,
+    ) -> None:
+        """Drop hot copies of host rows rewritten this step (``hisparse_invalidate_written_slots``).
+
+        Raises:
+            InvalidArgumentError: an argument vLLM's op would reject.
+        """
+        self._ops().invalidate_written_slots(
+            device_global_indices, request_state_indices, req_id_per_token, written_slots
+        )
 
 
 class HiSparseBackend:
@@ -395,6 +508,23 @@ class HiSparseBackend:
                 )
         if isinstance(source, torch.Tensor) and isinstance(destination, torch.Tensor):
             check_gather_destination(source, destination)
+
+    def device_view_of_host(self, host_tensor: torch.Tensor) -> torch.Tensor:
+        """A tensor on this backend's device that aliases the host tensor ``host_tensor`` (no copy).
+
+        Kernels read host rows through it (zero-copy). On a device whose memory is host memory (the CPU
+        reference device) it is ``host_tensor`` itself; GPU backends build a device view of pinned memory.
+
+        Raises:
+            InvalidArgumentError: not a CPU tensor.
+            UnsupportedCapabilityError: this backend cannot address host memory from its device.
+        """
+        if not isinstance(host_tensor, torch.Tensor) or host_tensor.device.type != "cpu":
+            where = host_tensor.device if isinstance(host_tensor, torch.Tensor) else type(host_tensor).__name__
+            raise InvalidArgumentError(f"device_view_of_host: expected a CPU tensor, got {where}")
+        if self.device.type == "cpu":
+            return host_tensor
+        raise self._unsupported("device_view_of_host")
 
     # ----------------------------------------------------------------- graphs and events
     def is_current_stream_capturing(self) -> bool:

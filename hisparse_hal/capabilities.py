@@ -45,6 +45,9 @@ class Capabilities:
         batch_copy_accelerated: the vendor's batch call is faster than the vendor's own per-copy loop; when
             False the runtime loops internally, and the batch call only saves per-call host overhead.
         notes: one sentence per decision that a version or architecture forced, with its source.
+        cache_ops: which implementation runs the four per-step cache ops (``resolve_residency``,
+            ``gather_compact``, ``gather_plan``, ``invalidate_written_slots``): ``"triton"`` kernels or
+            ``"torch"`` tensor code (:mod:`hisparse_hal.cache_ops.selection`; a note says why).
     """
 
     batch_copy: Literal["native", "loop"]
@@ -60,6 +63,7 @@ class Capabilities:
     copy_attributes: bool = False
     batch_copy_accelerated: bool = True
     notes: tuple[str, ...] = ()
+    cache_ops: Literal["triton", "torch"] = "torch"
 
     def __post_init__(self) -> None:
         from .errors import InvalidArgumentError
@@ -71,6 +75,10 @@ class Capabilities:
         if self.max_batch_descriptors is not None and self.max_batch_descriptors < 1:
             raise InvalidArgumentError(
                 f"max_batch_descriptors must be None or >= 1, got {self.max_batch_descriptors!r}"
+            )
+        if self.cache_ops not in ("triton", "torch"):
+            raise InvalidArgumentError(
+                f"cache_ops must be 'triton' or 'torch', got {self.cache_ops!r}"
             )
         unknown = set(self.kv_formats) - KV_FORMATS
         if unknown:

@@ -48,6 +48,10 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.cache_ops:
+        from .cache_ops import benchmark as cache_ops_benchmark
+
+        return cache_ops_benchmark.run(args)
     from . import benchmark
 
     return benchmark.run(args)
@@ -139,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import benchmark
 
     benchmark.add_arguments(bench)
+    from .cache_ops import benchmark as cache_ops_benchmark
+
+    cache_ops_benchmark.add_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
     scenario = sub.add_parser("scenario", help="run the tensor-parallel shared-pool offload scenario across processes")

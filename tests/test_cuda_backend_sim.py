@@ -392,3 +392,26 @@ def test_from_probe_on_a_torch_without_cuda_is_unavailable() -> None:
         pytest.skip("needs a torch build without CUDA")
     with pytest.raises(BackendUnavailableError, match="torch cannot use CUDA although the probe passed"):
         CudaBackend.from_probe(_probe_result({"driver_version": 12080}))
+
+
+def test_cache_ops_kernels_get_the_registration_alias_on_a_device_that_needs_one() -> None:
+    backend, sim = make_backend(host_pointer_usable=False)
+    backend.host_chunk_bytes = 16 * 1024
+    host = torch.zeros(12, 4096, dtype=torch.uint8)
+    backend.pin_tensor(host)
+    layer = host[4:8]  # a view inside the second chunk, as one layer of a host pool
+    assert backend.device_address_of_host(layer) == layer.data_ptr() + DEVICE_ALIAS_OFFSET
+    with pytest.raises(UnsupportedCapabilityError, match=r"device alias 0x[0-9a-f]+ of host memory .* cannot be dereferenced"):
+        backend.device_view_of_host(layer)  # the simulated device is the CPU: an alias is not readable there
+    backend.unpin_tensor(host)
+
+
+def test_cache_ops_kernels_use_the_host_address_where_the_device_may() -> None:
+    backend, sim = make_backend()
+    host = torch.zeros(4, 4096, dtype=torch.uint8)
+    backend.pin_tensor(host)
+    assert backend.device_address_of_host(host[1:]) == host[1:].data_ptr()
+    assert backend.device_view_of_host(host) is host
+    backend.unpin_tensor(host)
+    with pytest.raises(InvalidArgumentError, match=r"is not inside memory pinned by backend 'cuda'; pin_tensor"):
+        backend.device_address_of_host(host)

@@ -20,12 +20,14 @@ from typing import ContextManager, Iterator, Protocol, runtime_checkable
 import torch
 
 from hisparse_hal.backend import HiSparseBackend
+from hisparse_hal.cache_ops.selection import with_cache_ops
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import (
     CaptureMisuseError,
     DeviceRuntimeError,
     EventTimeoutError,
     InvalidArgumentError,
+    UnsupportedCapabilityError,
 )
 from hisparse_hal.events import HalEvent
 from hisparse_hal.gather import gather_rows, new_fault_record, raise_recorded_fault
@@ -234,7 +236,9 @@ class TorchGpuBackend(HiSparseBackend):
         super().__init__()
         if not isinstance(device_index, int) or isinstance(device_index, bool) or device_index < 0:
             raise InvalidArgumentError(f"device_index must be an int >= 0, got {device_index!r}")
-        self._capabilities = capabilities
+        # The one place the GPU backends choose their cache-ops implementation: by whether triton imports,
+        # for the backend's GPU (not an injected test device), never by vendor.
+        self._capabilities = with_cache_ops(capabilities, torch.device("cuda", device_index))
         self.runtime = runtime
         self.device_index = device_index
         self._device = device if device is not None else torch.device("cuda", device_index)
@@ -380,6 +384,84 @@ class TorchGpuBackend(HiSparseBackend):
         with self._device_scope():
             super().unpin_tensor(tensor)
 
+    # ----------------------------------------------------------------- device access to pinned host memory
+    def device_address_of_host(self, host_tensor: torch.Tensor) -> int:
+        """The address a kernel on this GPU uses for the first byte of ``host_tensor``.
+
+        ``host_tensor`` must lie inside memory pinned with :meth:`pin_tensor` (a whole pinned tensor or a
+        view into one, e.g. one layer of a host pool). Where ``capabilities.host_pointer_alias`` is True
+        (ROCm: ``hipHostRegister`` memory may have a device address other than its host address, SGLang
+        #33968/#35233; CUDA where device attribute 91 is unset: ``cuMemHostGetDevicePointer``) it is the
+        registration's device alias plus the offset into the chunk; otherwise the
+        host address itself (CUDA unified addressing).
+
+        Raises:
+            InvalidArgumentError: not a contiguous CPU tensor, or not inside this backend's pinned memory
+                (or across two registration chunks whose aliases are not contiguous).
+            UnsupportedCapabilityError: the registration recorded no device alias although the capability
+                says one is needed.
+        """
+        if not isinstance(host_tensor, torch.Tensor) or host_tensor.device.type != "cpu":
+            where = host_tensor.device if isinstance(host_tensor, torch.Tensor) else type(host_tensor).__name__
+            raise InvalidArgumentError(f"device_view_of_host: expected a pinned CPU tensor, got {where}")
+        if not host_tensor.is_contiguous():
+            raise InvalidArgumentError(
+                f"device_view_of_host: the host tensor must be contiguous, got strides {host_tensor.stride()}"
+            )
+        start = host_tensor.data_ptr()
+        end = start + max(host_tensor.numel() * host_tensor.element_size(), 1)
+        for record in self.pinned_registrations():
+            if not (record.address <= start and end <= record.address + record.size):
+                continue
+            chunks = [c for c in record.chunks if c.address < end and start < c.address + c.size]
+            if not self._capabilities.host_pointer_alias:
+                # The device may use the host address of registered memory (CUDA: device attribute
+                # CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (91) set, read when the backend is built).
+                return start
+            offsets = {None if c.device_alias is None else c.device_alias - c.address for c in chunks}
+            if None in offsets:
+                raise UnsupportedCapabilityError(
+                    f"device_view_of_host: the registration of host memory at {record.address:#x} recorded no "
+                    "device alias, but this backend's capabilities say kernels must use one "
+                    "(host_pointer_alias); re-pin the tensor with a runtime that reports it"
+                )
+            if len(offsets) != 1:
+                raise InvalidArgumentError(
+                    f"device_view_of_host: host tensor [{start:#x}, {end:#x}) spans {len(chunks)} registration "
+                    "chunks whose device aliases are not contiguous; pass a view inside one chunk"
+                )
+            return start + offsets.pop()
+        raise InvalidArgumentError(
+            f"device_view_of_host: host tensor at {start:#x} ({end - start} bytes) is not inside memory pinned "
+            f"by backend {self.name!r}; pin_tensor the host pool first"
+        )
+
+    def device_view_of_host(self, host_tensor: torch.Tensor) -> torch.Tensor:
+        """A tensor on this GPU that aliases pinned ``host_tensor`` (same shape and dtype, no copy).
+
+        Built from :meth:`device_address_of_host` through ``__cuda_array_interface__`` (version 2, so
+        torch does not synchronize any stream). Kernels reading it read host memory over the bus. The view
+        does not keep the registration alive: unpinning while it is in use is the caller's error.
+
+        Raises:
+            InvalidArgumentError, UnsupportedCapabilityError: as :meth:`device_address_of_host`; also a
+                device alias that an injected non-GPU test device cannot dereference.
+        """
+        address = self.device_address_of_host(host_tensor)
+        if self._device.type != "cuda":
+            # Simulated backends in tests inject the CPU device: there only the host address is readable.
+            if address == host_tensor.data_ptr():
+                return host_tensor
+            raise UnsupportedCapabilityError(
+                f"device_view_of_host: device alias {address:#x} of host memory at {host_tensor.data_ptr():#x} "
+                f"cannot be dereferenced on the injected device {self._device}"
+            )
+        nbytes = host_tensor.numel() * host_tensor.element_size()
+        exported = _DeviceArray(address, nbytes, host_tensor)
+        with self._device_scope():
+            raw = torch.as_tensor(exported, device=self._device)
+        return raw.view(host_tensor.dtype).view(host_tensor.shape)
+
     def _refuse_while_capturing(self, member: str) -> None:
         if self.is_current_stream_capturing():
             raise CaptureMisuseError(
@@ -490,6 +572,23 @@ class TorchGpuBackend(HiSparseBackend):
     def _require_ipc(self, member: str) -> None:
         if not self._capabilities.ipc_events:
             raise self._unsupported(f"{member} (this device has no IPC events)")
+
+
+class _DeviceArray:
+    """Exports ``nbytes`` at a device address as a 1-D uint8 array through ``__cuda_array_interface__``.
+
+    Keeps the host tensor referenced while torch holds this object (torch keeps it alive with the view).
+    """
+
+    def __init__(self, address: int, nbytes: int, owner: torch.Tensor) -> None:
+        self.owner = owner
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "strides": None,
+            "version": 2,
+        }
 
 
 def _shift_error(error: DeviceRuntimeError, offset: int) -> DeviceRuntimeError:

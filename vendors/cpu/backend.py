@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import torch
 
 from hisparse_hal.backend import HiSparseBackend
+from hisparse_hal.cache_ops.selection import with_cache_ops
 from hisparse_hal.capabilities import KV_FORMATS, Capabilities
 from hisparse_hal.events import HalEvent
 from hisparse_hal.errors import InvalidArgumentError, InvalidDescriptorError
@@ -74,7 +75,7 @@ class CpuBackend(HiSparseBackend):
         self.last_swap: SwapMoveReport | None = None
         self._pin_locked = True
         locks, detail = probe_page_lock()
-        self._capabilities = Capabilities(
+        self._capabilities = with_cache_ops(Capabilities(
             batch_copy="native",
             max_batch_descriptors=None,
             ipc_events=True,
@@ -95,7 +96,7 @@ class CpuBackend(HiSparseBackend):
                 "hazardous, tiny or huge copies use ctypes.memmove per descriptor",
                 "pinning page-locks with mlock where RLIMIT_MEMLOCK allows, else registers unlocked",
             ),
-        )
+        ), _CPU)
 
     # ----------------------------------------------------------------- identity
     @property

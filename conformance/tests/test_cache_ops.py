@@ -1,0 +1,183 @@
+"""Cache ops: the backend's ``create_cache_ops(runtime)`` ops equal the reference oracle bit for bit on generated
+multi-step decode sequences (at least ``CACHE_OPS_SEQUENCES`` of them, counted), keep the end-to-end invariant
+(every valid top-k entry points at a hot row holding its host row's bytes; stats count hits and misses exactly),
+and, where the backend can capture graphs, replay captured steps correctly with their inputs updated in place."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from hisparse_hal.conformance.arenas import synchronize
+
+from hisparse_hal.cache_ops import oracle
+from hisparse_hal.cache_ops.sequences import (
+    POISON,
+    SHAPES,
+    DecodeSequence,
+    SequenceRun,
+    StepRecord,
+    build_sequence,
+    run_sequence,
+)
+
+#: Generated sequences each backend's cache ops must match the oracle on (spread evenly over ``SHAPES``).
+CACHE_OPS_SEQUENCES = int(os.environ.get("HISPARSE_HAL_CACHE_OPS_SEQUENCES", "2000"))
+PER_SHAPE = math.ceil(CACHE_OPS_SEQUENCES / len(SHAPES))
+
+needs_capture = pytest.mark.needs("graph_capture")
+
+
+@pytest.fixture(scope="module")
+def cache_ops(backend: Any) -> Any:
+    ops = backend.create_cache_ops(None)
+    assert ops.implementation in ("torch", "triton"), f"unknown cache-ops implementation {ops.implementation!r}"
+    return ops
+
+
+@contextlib.contextmanager
+def _live(backend: Any, sequence: DecodeSequence) -> Iterator[SequenceRun]:
+    """The sequence's tensors on the backend's device, its host cache in pinned CPU memory."""
+    run = SequenceRun(sequence, backend.device, host_device="cpu")
+    backend.pin_tensor(run.host)
+    try:
+        yield run
+    finally:
+        synchronize(backend.device)
+        backend.unpin_tensor(run.host)
+
+
+def _backend_records(backend: Any, ops: Any, sequence: DecodeSequence) -> list[StepRecord]:
+    with _live(backend, sequence) as run:
+        return run_sequence(ops, sequence, run=run)
+
+
+@pytest.mark.parametrize("shape_index", range(len(SHAPES)), ids=[f"shape{i}" for i in range(len(SHAPES))])
+def test_cache_ops_equal_the_oracle_on_generated_multi_step_sequences(backend, cache_ops, shape_index,
+                                                                      record_property) -> None:
+    hypothesis = pytest.importorskip("hypothesis", reason="generated sequences are drawn with hypothesis")
+    st = hypothesis.strategies
+    shape = SHAPES[shape_index]
+    seeds: set[int] = set()
+
+    @hypothesis.settings(max_examples=PER_SHAPE, deadline=None, derandomize=True, database=None,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(seed=st.integers(0, 2**32 - 1))
+    def matches_the_oracle(seed: int) -> None:
+        seeds.add(seed)
+        sequence = build_sequence(seed, shape)
+        expected = run_sequence(oracle, sequence)
+        actual = _backend_records(backend, cache_ops, sequence)
+        for step, (want, got) in enumerate(zip(expected, actual)):
+            for field in dataclasses.fields(StepRecord):
+                assert getattr(got, field.name) == getattr(want, field.name), (
+                    f"{cache_ops.implementation} cache ops differ from the oracle in {field.name} at step {step} "
+                    f"of build_sequence({seed}, SHAPES[{shape_index}])"
+                )
+
+    matches_the_oracle()
+    record_property("generated_sequences", len(seeds))
+    assert len(seeds) >= PER_SHAPE, f"only {len(seeds)} distinct sequences ran; {PER_SHAPE} are required"
+
+
+def _translate(run: SequenceRun, step: Any, q: int, t: int) -> tuple[int, bool]:
+    """(host row or -1, resident?) of token ``t`` of batch request row ``q``, from the step's tables."""
+    block, host_rows = run.sequence.shape.block_size, run.sequence.host_rows
+    res = step.resident_block_table
+    page, offset = divmod(t, block) if t >= 0 else (-1, 0)
+    if res is not None and 0 <= page < len(res[q]) and res[q][page] > 0:
+        return -1, True
+    if page < 0 or page >= len(step.source_block_table[q]) or step.source_block_table[q][page] <= 0:
+        return -1, False
+    g = step.source_block_table[q][page] * block + offset
+    return (g if g < host_rows else -1), False
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_after_resolve_and_gather_every_valid_entry_reads_its_host_row_and_stats_count_exactly(backend, cache_ops,
+                                                                                                seed) -> None:
+    sequence = build_sequence(seed + 77_000, SHAPES[seed % len(SHAPES)])
+    with _live(backend, sequence) as run:
+        for index, step in enumerate(sequence.steps):
+            dgi_before = run.dgi.to("cpu").tolist()
+            stats_before = run.stats.view(torch.int64).to("cpu").tolist()
+            io = run.tensors(step)
+            run.resolve(cache_ops, step, io)
+            run.gather(cache_ops, io)
+            synchronize(backend.device)
+            if int(run.error_flags.to("cpu").item()):
+                return  # overflow / tripwire sequences are compared with the oracle above, not here
+            hot_rows = run.hot.to("cpu").view(torch.uint8).flatten(0, 1)
+            host = run.host.view(torch.uint8)
+            hot = io.hot_indices.to("cpu").tolist()
+            hits = misses = 0
+            first_rows: dict[int, set[int]] = {}
+            for r, q in enumerate(step.request_ids):
+                s = step.request_state_indices[q] if 0 <= q < len(step.request_state_indices) else -1
+                for c, t in enumerate(step.global_indices[r]):
+                    if s < 0:
+                        assert hot[r][c] == -1, f"padding row {r} column {c} must be -1"
+                        continue
+                    g, resident = _translate(run, step, q, t)
+                    if resident:
+                        continue
+                    if g < 0:
+                        assert hot[r][c] == -1, f"row {r} column {c} (token {t}) has no host row but got {hot[r][c]}"
+                        continue
+                    assert hot[r][c] >= 0, f"row {r} column {c}: host row {g} was not given a hot row"
+                    assert torch.equal(hot_rows[hot[r][c]], host[g]), (
+                        f"step {index} row {r} column {c}: hot row {hot[r][c]} does not hold host row {g}")
+                    seen = first_rows.setdefault(q, set())
+                    if g in seen or g in dgi_before[s]:
+                        hits += 1
+                    else:
+                        misses += 1
+                    seen.add(g)
+            stats = run.stats.view(torch.int64).to("cpu").tolist()
+            assert [(stats[i] - stats_before[i]) % 2**64 for i in range(2)] == [hits, misses], f"step {index}"
+            run.mirror_and_invalidate(cache_ops, step, index)
+
+
+def _fixed_shape(sequence: DecodeSequence) -> DecodeSequence:
+    """The sequence with an all-null resident table where a step had none, so every step has one signature."""
+    steps = []
+    for step in sequence.steps:
+        table = step.resident_block_table or [[0] * len(step.source_block_table[0])] * len(step.source_block_table)
+        steps.append(dataclasses.replace(step, resident_block_table=table))
+    return dataclasses.replace(sequence, steps=steps)
+
+
+@needs_capture
+@pytest.mark.parametrize("seed", range(4))
+def test_captured_cache_ops_run_only_on_replay_and_replay_steps_with_inputs_updated_in_place(backend, cache_ops,
+                                                                                            seed) -> None:
+    sequence = _fixed_shape(build_sequence(seed + 91_000, SHAPES[0]))
+    expected = run_sequence(oracle, sequence)
+    with _live(backend, sequence) as run:
+        io = run.tensors(sequence.steps[0])
+        with backend.capture() as graph:
+            run.resolve(cache_ops, sequence.steps[0], io)
+            run.gather(cache_ops, io)
+        synchronize(backend.device)
+        assert io.hot_indices.to("cpu").eq(POISON).all(), (
+            "a captured resolve_residency ran during the capture; captured cache ops must run only on replay")
+        for index, step in enumerate(sequence.steps):
+            fresh = run.tensors(step)
+            for field in dataclasses.fields(fresh):  # new ids and re-poisoned outputs, in place
+                getattr(io, field.name).copy_(getattr(fresh, field.name))
+            graph.replay()
+            synchronize(backend.device)
+            want = expected[index]
+            got = {name: getattr(io, name).to("cpu").tolist() for name in want.outputs}
+            assert got == want.outputs, f"replay of step {index} wrote different outputs than the oracle"
+            assert run.dgi.to("cpu").tolist() == want.dgi and run.lru.to("cpu").tolist() == want.lru
+            assert run.stats.view(torch.int64).to("cpu").tolist() == want.stats
+            assert run.hot.to("cpu").view(torch.uint8).flatten(0, 1).tolist() == want.hot_bytes, (
+                f"replay of step {index}: the captured gather_compact left different hot bytes")
+            run.mirror_and_invalidate(cache_ops, step, index)

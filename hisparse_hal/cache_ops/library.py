@@ -1,0 +1,129 @@
+"""The four cache ops as torch custom ops, ``torch.ops.hisparse_hal.*``, with vLLM 0.33.0's schemas.
+
+Invariant: each op is defined once per process (importing again is a no-op); a CPU call runs ``torch_impl``,
+a CUDA or HIP call runs the implementation ``implementation_for`` picks; the fake kernels write nothing, so
+fake-tensor tracing and ``torch.compile`` see only the mutations the schemas declare.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from . import selection, torch_impl
+
+__all__ = ["NAMESPACE", "OP_NAMES", "SCHEMAS", "VLLM_OP_NAMES", "implementation_for", "register"]
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "hisparse_hal"
+
+# Argument lists copied from the schema strings in vLLM 0.33.0's _C_stable_libtorch.abi3.so (whitespace
+# collapsed). The only addition is our keyword-only ``error_flags`` on resolve_residency.
+SCHEMAS: dict[str, str] = {
+    "resolve_residency": (
+        "(Tensor host_cache, Tensor! hot_cache, Tensor hot_block_table, Tensor global_indices, "
+        "Tensor! hot_indices, Tensor! device_global_indices, Tensor! lru_slots, Tensor? request_state_indices, "
+        "int region_stride, int max_union_rows, Tensor(a!)? miss_mask=None, Tensor(b!)? stats=None, "
+        "Tensor(c!)? attention_indices=None, int attention_block_stride=0, Tensor? request_ids=None, "
+        "Tensor? source_block_table=None, int source_block_size=0, Tensor(d!)? resolved_global_indices=None, "
+        "Tensor(e!)? valid_counts=None, Tensor(f!)? swap_host_physical_rows=None, "
+        "Tensor(g!)? swap_device_physical_rows=None, Tensor(h!)? swap_counts=None, "
+        "Tensor? resident_block_table=None, int resident_block_size=0, int resident_null_block=0, "
+        "*, Tensor(i!)? error_flags=None) -> ()"
+    ),
+    "gather_compact": (
+        "(Tensor host_cache, Tensor! hot_cache, Tensor miss_global_indices, Tensor miss_hot_indices, "
+        "Tensor miss_counts) -> ()"
+    ),
+    "gather_plan": (
+        "(Tensor host_cache, Tensor! hot_cache, Tensor global_indices, Tensor hot_indices, Tensor miss_mask, "
+        "Tensor? request_state_indices, Tensor(a!)? attention_indices=None, int attention_block_stride=0) -> ()"
+    ),
+    "invalidate_written_slots": (
+        "(Tensor! device_global_indices, Tensor request_state_indices, Tensor req_id_per_token, "
+        "Tensor written_slots) -> ()"
+    ),
+}
+OP_NAMES: tuple[str, ...] = tuple(SCHEMAS)
+# Our op name -> the name vLLM 0.33.0 registers under torch.ops._C_cache_ops.
+VLLM_OP_NAMES: dict[str, str] = {name: f"hisparse_{name}" for name in OP_NAMES}
+
+# The fragment that owns our definitions. Kept module-global: dropping a Library deregisters its ops.
+_library: torch.library.Library | None = globals().get("_library")
+
+
+@functools.lru_cache(maxsize=None)
+def implementation_for(device: torch.device) -> ModuleType:
+    """The module whose four functions run the ops for tensors on ``device``.
+
+    CPU always gets ``torch_impl``; a GPU device (CUDA, or HIP, which torch also calls ``cuda``) gets what
+    ``selection.choose_cache_ops`` picks. Cached per device: the choice depends on the device, the installed
+    packages and ``HISPARSE_HAL_CACHE_OPS``, never on tensor values (``implementation_for.cache_clear()``
+    after changing the variable).
+
+    Args:
+        device: the device of the op's tensors.
+
+    Returns:
+        A module with ``resolve_residency``, ``gather_compact``, ``gather_plan``, ``invalidate_written_slots``.
+
+    Raises:
+        InvalidArgumentError, UnsupportedCapabilityError: as ``selection.choose_cache_ops``.
+    """
+    if device.type == "cpu":
+        return torch_impl
+    choice, reason = selection.choose_cache_ops(device)
+    logger.info("cache ops on %s: %s (%s)", device, choice, reason)
+    return selection.implementation_module(choice)
+
+
+def _device_kernel(name: str) -> Callable[..., None]:
+    """A dispatcher kernel that forwards to the chosen implementation for the tensors' device."""
+
+    def kernel(*args: Any, **kwargs: Any) -> None:
+        # The GPU when any tensor is on one: a CPU host cache may come with GPU index tensors.
+        devices = [arg.device for arg in args if isinstance(arg, torch.Tensor)]
+        device = next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
+        getattr(implementation_for(device), name)(*args, **kwargs)
+
+    kernel.__name__ = f"{name}_kernel"
+    return kernel
+
+
+def _fake_kernel(*args: Any, **kwargs: Any) -> None:
+    """Fake/meta kernel: the ops return nothing and their writes are declared by the schema."""
+    return None
+
+
+def _defined(name: str) -> bool:
+    return hasattr(getattr(torch.ops, NAMESPACE), name)
+
+
+def register() -> None:
+    """Define ``torch.ops.hisparse_hal.{resolve_residency, gather_compact, gather_plan, invalidate_written_slots}``.
+
+    Idempotent: calling it again, or importing this module again, changes nothing. Runs on import.
+    """
+    global _library
+    if _library is not None:
+        return
+    if any(_defined(name) for name in OP_NAMES):
+        logger.info("torch.ops.%s cache ops are already defined by another copy of this module", NAMESPACE)
+        return
+    library = torch.library.Library(NAMESPACE, "FRAGMENT")
+    register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract  # torch < 2.4
+    for name, arguments in SCHEMAS.items():
+        library.define(name + arguments)
+        library.impl(name, _device_kernel(name), "CPU")
+        library.impl(name, _device_kernel(name), "CUDA")  # HIP builds of torch dispatch through CUDA too
+        register_fake(f"{NAMESPACE}::{name}", _fake_kernel, lib=library)
+    _library = library
+
+
+register()

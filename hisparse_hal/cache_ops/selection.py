@@ -1,0 +1,151 @@
+"""Which cache-ops implementation runs on a device: ``"triton"`` or ``"torch"``, always with the reason.
+
+Decided from capability facts only (is triton importable, is the device a GPU, is triton's interpreter on),
+never from a vendor name. ``HISPARSE_HAL_CACHE_OPS`` overrides the choice; forcing ``triton`` where it
+cannot run is an error, not a silent fallback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from types import ModuleType
+from typing import Literal, Mapping
+
+import torch
+
+from hisparse_hal.capabilities import Capabilities
+from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
+
+__all__ = [
+    "CACHE_OPS_ENV",
+    "IMPLEMENTATIONS",
+    "TritonFacts",
+    "choose_cache_ops",
+    "implementation_module",
+    "probe_triton",
+    "with_cache_ops",
+]
+
+#: Environment variable forcing the implementation: ``triton`` or ``torch``.
+CACHE_OPS_ENV = "HISPARSE_HAL_CACHE_OPS"
+IMPLEMENTATIONS: tuple[str, ...] = ("triton", "torch")
+
+Implementation = Literal["triton", "torch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonFacts:
+    """What decides whether the Triton kernels can run here.
+
+    Attributes:
+        version: triton's version when it imports, else None.
+        error: why it does not import (None when it does).
+        interpreter: ``TRITON_INTERPRET=1``: kernels run on CPU tensors through triton's interpreter.
+    """
+
+    version: str | None
+    error: str | None
+    interpreter: bool
+
+
+def probe_triton(environ: Mapping[str, str] | None = None) -> TritonFacts:
+    """Import triton (creates no device context) and report whether it works here.
+
+    Args:
+        environ: the environment to read ``TRITON_INTERPRET`` from (``os.environ`` when None).
+    """
+    env = os.environ if environ is None else environ
+    interpreter = env.get("TRITON_INTERPRET", "0").strip() == "1"
+    try:
+        triton = importlib.import_module("triton")
+    except Exception as exc:  # noqa: BLE001 - any failure to import means "not usable", with the reason
+        return TritonFacts(None, f"{type(exc).__name__}: {exc}", interpreter)
+    return TritonFacts(str(getattr(triton, "__version__", "unknown")), None, interpreter)
+
+
+def choose_cache_ops(
+    device: torch.device | str,
+    facts: TritonFacts | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[Implementation, str]:
+    """Pick the cache-ops implementation for tensors on ``device``.
+
+    Triton when it imports and ``device`` is a GPU (``cuda``, which torch's HIP build also reports); torch
+    otherwise. ``HISPARSE_HAL_CACHE_OPS=torch`` forces torch; ``=triton`` forces Triton, which on a CPU
+    device needs ``TRITON_INTERPRET=1`` (tests and CI run the kernels that way).
+
+    Args:
+        device: where the ops' tensors live (for a GPU backend, its GPU, even when tests inject another).
+        facts: triton's facts; probed with :func:`probe_triton` when None and needed.
+        environ: the environment to read (``os.environ`` when None).
+
+    Returns:
+        ``(implementation, reason)``.
+
+    Raises:
+        InvalidArgumentError: ``HISPARSE_HAL_CACHE_OPS`` is neither ``triton`` nor ``torch``.
+        UnsupportedCapabilityError: ``triton`` is forced but triton does not import, or the device is not
+            a GPU and the interpreter is off.
+    """
+    env = os.environ if environ is None else environ
+    target = torch.device(device)
+    forced = env.get(CACHE_OPS_ENV, "").strip().lower()
+    if forced and forced not in IMPLEMENTATIONS:
+        raise InvalidArgumentError(
+            f"{CACHE_OPS_ENV} must be one of {list(IMPLEMENTATIONS)}, got {env.get(CACHE_OPS_ENV)!r}; "
+            "unset it to choose by capability"
+        )
+    if forced == "torch":
+        return "torch", f"{CACHE_OPS_ENV}=torch"
+    is_gpu = target.type == "cuda"
+    if forced != "triton" and not is_gpu:
+        return "torch", f"device {target} is not a GPU; the Triton kernels compile for GPUs only"
+    if facts is None:
+        facts = probe_triton(env)
+    if facts.version is None:
+        if forced == "triton":
+            raise UnsupportedCapabilityError(
+                f"{CACHE_OPS_ENV}=triton, but triton does not import ({facts.error}); install "
+                f"'hisparse-hal[triton]' or unset {CACHE_OPS_ENV}"
+            )
+        return "torch", f"triton does not import ({facts.error})"
+    if forced == "triton":
+        if not is_gpu and not facts.interpreter:
+            raise UnsupportedCapabilityError(
+                f"{CACHE_OPS_ENV}=triton on device {target}: triton runs CPU tensors only through its "
+                "interpreter; set TRITON_INTERPRET=1 or unset the override"
+            )
+        where = "a GPU" if is_gpu else "the CPU under TRITON_INTERPRET=1"
+        return "triton", f"{CACHE_OPS_ENV}=triton; triton {facts.version} on {where}"
+    return "triton", f"triton {facts.version} imports and device {target} is a GPU"
+
+
+def implementation_module(name: str) -> ModuleType:
+    """The module holding the four ops of implementation ``name`` (``triton_impl`` or ``torch_impl``).
+
+    Raises:
+        InvalidArgumentError: ``name`` is not ``"triton"`` or ``"torch"``.
+    """
+    if name not in IMPLEMENTATIONS:
+        raise InvalidArgumentError(f"cache-ops implementation must be one of {list(IMPLEMENTATIONS)}, got {name!r}")
+    return importlib.import_module(f"{__package__}.{name}_impl")
+
+
+def with_cache_ops(
+    capabilities: Capabilities,
+    device: torch.device | str,
+    facts: TritonFacts | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Capabilities:
+    """``capabilities`` with ``cache_ops`` chosen for ``device`` and a note giving the reason.
+
+    Raises:
+        InvalidArgumentError, UnsupportedCapabilityError: as :func:`choose_cache_ops`.
+    """
+    choice, reason = choose_cache_ops(device, facts, environ=environ)
+    notes = tuple(note for note in capabilities.notes if not note.startswith("cache ops: "))
+    return dataclasses.replace(capabilities, cache_ops=choice, notes=(*notes, f"cache ops: {choice} ({reason})"))

@@ -1,0 +1,409 @@
+"""Multi-step decode sequences for differential tests of the cache ops, and a runner that records every output.
+
+Invariant: a sequence is fully determined by its seed and shape (``build_sequence``), every step has the same
+tensor shapes (so a captured graph can replay it), and ``run_sequence`` gives every implementation identical,
+poisoned inputs, so two implementations agree iff their recorded ``StepRecord`` lists are equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+__all__ = [
+    "POISON",
+    "SHAPES",
+    "CacheOpsLike",
+    "DecodeSequence",
+    "DecodeStep",
+    "SequenceRun",
+    "SequenceShape",
+    "StepRecord",
+    "StepTensors",
+    "build_sequence",
+    "decode_sequences",
+    "run_sequence",
+]
+
+#: Value every output is filled with before a call, so "not written" can be asserted.
+POISON = -7777
+_I32 = torch.int32
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceShape:
+    """Sizes of one generated sequence. ``hot_size`` defaults to ``(queries + 1) * top_k`` as in vLLM."""
+
+    top_k: int = 3
+    block_size: int = 4
+    queries: int = 2
+    requests: int = 2
+    batch_rows: int = 6
+    steps: int = 3
+    row_width: int = 16
+    dtype: torch.dtype = torch.uint8
+    hot_size: int | None = None
+
+    @property
+    def slots(self) -> int:
+        return self.hot_size if self.hot_size is not None else (self.queries + 1) * self.top_k
+
+
+#: Small shapes straddling the corner cases (top-k 1, block size 1, MTP runs, H == Q*K, 2-byte rows).
+SHAPES: tuple[SequenceShape, ...] = (
+    SequenceShape(),
+    SequenceShape(top_k=1, block_size=1, queries=1, requests=3, batch_rows=4, steps=4),
+    SequenceShape(top_k=4, block_size=2, queries=3, requests=2, batch_rows=7, steps=3, row_width=8,
+                  dtype=torch.int16),
+    SequenceShape(top_k=5, block_size=4, queries=1, requests=3, batch_rows=4, steps=4),
+    SequenceShape(top_k=3, block_size=4, queries=2, requests=1, batch_rows=3, steps=5, hot_size=6),
+    SequenceShape(top_k=8, block_size=4, queries=2, requests=2, batch_rows=5, steps=3, row_width=32),
+)
+
+
+@dataclasses.dataclass
+class DecodeStep:
+    """Inputs of one step (plain lists; ``run_sequence`` turns them into tensors).
+
+    ``request_ids`` is -1 on padding rows; ``request_state_indices`` -1 on unused request rows. The tables are
+    indexed by batch request row ``q``. ``host_writes`` are host rows rewritten after the step (the mirror),
+    with their new bytes' seed; ``written_tokens``/``written_slots`` are what invalidation is called with.
+    """
+
+    global_indices: list[list[int]]
+    request_ids: list[int]
+    request_state_indices: list[int]
+    hot_block_table: list[list[int]]
+    source_block_table: list[list[int]]
+    resident_block_table: list[list[int]] | None
+    max_union_rows: int
+    host_writes: list[int]
+    written_tokens: list[int]
+    written_slots: list[int]
+    plan_rows: list[int]
+    plan_mask: list[int]
+
+
+@dataclasses.dataclass
+class DecodeSequence:
+    """A generated multi-step decode: geometry, initial state and steps. ``seed`` rebuilds it exactly."""
+
+    seed: int
+    shape: SequenceShape
+    host_rows: int
+    hot_blocks: int
+    num_states: int
+    initial_lru: list[list[int]]
+    initial_stats: list[int]
+    steps: list[DecodeStep]
+
+    @property
+    def top_k(self) -> int:
+        return self.shape.top_k
+
+
+class CacheOpsLike(Protocol):
+    """The four ops (a module such as ``oracle`` or a backend's ``CacheOps``)."""
+
+    resolve_residency: Callable[..., None]
+    gather_compact: Callable[..., None]
+    gather_plan: Callable[..., None]
+    invalidate_written_slots: Callable[..., None]
+
+
+def _host_bytes(seed: int, rows: Sequence[int], row_bytes: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (len(rows), row_bytes), dtype=torch.uint8, generator=generator)
+
+
+def _without_repeats(values: list[int]) -> list[int]:
+    """``values`` with every repeat of a non-negative value replaced by -1."""
+    seen: set[int] = set()
+    kept = []
+    for value in values:
+        kept.append(-1 if value >= 0 and value in seen else value)
+        seen.add(value)
+    return kept
+
+
+def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequence:
+    """Build one decode sequence from ``seed``: requests with persistent state and hot rows, drifting top-k.
+
+    Each step permutes the requests over the batch rows (so batch row != state row), gives each 1..Q rows
+    (speculative verification rows share their request's union), pads the rest with request id -1 and sometimes
+    marks a request row inactive (state -1) or, rarely, gives two request rows one state row (the later run is
+    padded and flags bit 4). Top-k mixes recent and old tokens, -1, positions past the source
+    table, cross-row duplicates, rarely in-row duplicates and rows of host block 0 or past the host cache.
+    Resident tail pages, a shrunken ``max_union_rows`` (overflow), a corrupted LRU entry and counters near
+    2**64 appear with small probability.
+    """
+    rng = random.Random(seed)
+    k, block, q_max, slots = shape.top_k, shape.block_size, shape.queries, shape.slots
+    n = shape.batch_rows
+    requests = shape.requests
+    num_states = requests + 2
+    pages = 4 + (q_max * shape.steps + k) // block + 2
+    host_blocks = 1 + requests * pages + 2
+    host_rows = host_blocks * block - rng.choice((0, 0, block // 2 + 1))  # sometimes a partial last block
+    states = rng.sample(range(num_states), requests)
+    hot_per_request = -(-slots // block)
+    hot_ids = list(range(1, 1 + requests * hot_per_request))
+    rng.shuffle(hot_ids)
+    hot_of = [hot_ids[i * hot_per_request:(i + 1) * hot_per_request] for i in range(requests)]
+    resident_base = 1 + requests * hot_per_request
+    hot_blocks = resident_base + requests * 2 + 1
+    free_host = list(range(1, host_blocks + 1))  # block host_blocks lies past the host cache
+    rng.shuffle(free_host)
+    source_of = [[free_host.pop() if rng.random() > 0.05 else 0 for _ in range(pages)] for _ in range(requests)]
+    length = [rng.randint(1, 3 * block) for _ in range(requests)]
+    initial_lru = [rng.sample(range(slots), slots) if rng.random() < 0.5 else list(range(slots))
+                   for _ in range(num_states)]
+    if rng.random() < 0.1:
+        initial_lru[rng.choice(states)][rng.randrange(slots)] = rng.choice((-1, slots, 32767))
+    initial_stats = [0, 0] if rng.random() < 0.8 else [2**64 - 2, 2**64 - 1]
+    union_cap = q_max * k if rng.random() < 0.85 else rng.randint(1, q_max * k)
+
+    steps: list[DecodeStep] = []
+    for _ in range(shape.steps):
+        order = rng.sample(range(requests), requests)
+        rows_of = {i: rng.randint(1, q_max) for i in order}
+        while sum(rows_of.values()) > n:
+            i = max(rows_of, key=rows_of.__getitem__)
+            rows_of[i] -= 1
+            if rows_of[i] == 0:
+                del rows_of[i]
+                order.remove(i)
+        topk: list[list[int]] = []
+        ids: list[int] = []
+        rsi = [-1] * n
+        hot_table = [[0] * hot_per_request for _ in range(n)]
+        src_table = [[0] * pages for _ in range(n)]
+        resident = [[0] * pages for _ in range(n)]
+        for q, i in enumerate(order):
+            rsi[q] = states[i] if rng.random() > 0.08 else -1
+            hot_table[q] = list(hot_of[i])
+            src_table[q] = list(source_of[i])
+            if rng.random() < 0.3:  # the request's last page is resident
+                page = max(length[i] - 1, 0) // block
+                resident[q][page] = resident_base + 2 * i + rng.randint(0, 1)
+            pool = list(range(length[i])) + [-1, pages * block + 1]
+            for row in range(rows_of[i]):
+                limit = min(k, len(pool))
+                values = rng.sample(pool, limit) + [-1] * (k - limit)
+                if topk and ids and ids[-1] == q and rng.random() < 0.5:  # MTP rows share most of the union
+                    shared = rng.randint(0, k)
+                    values[:shared] = topk[-1][:shared]
+                    values = _without_repeats(values)
+                if rng.random() < 0.05 and k > 1:  # an in-row duplicate (our decision: one slot)
+                    values[-1] = values[0]
+                rng.shuffle(values)
+                topk.append(values)
+                ids.append(q)
+        while len(topk) < n:
+            topk.append([rng.choice((-1, 0, 1)) for _ in range(k)])
+            ids.append(-1)
+        silent = {q for q in range(len(order)) if rsi[q] < 0}
+        live = [q for q in range(len(order)) if rsi[q] >= 0]
+        if len(live) >= 2 and rng.random() < 0.05:  # two runs on one state row: the later one is padded (ours)
+            first, later = sorted(rng.sample(live, 2))
+            rsi[later] = rsi[first]
+            silent.add(later)
+        # Host mirror of this step's new tokens, then invalidation (with noise entries that must change nothing).
+        writes, tokens, slots_written = [], [], []
+        for q, i in enumerate(order):
+            if q in silent:  # an inactive (or padded) request writes no tokens
+                continue
+            for _ in range(rows_of[i]):
+                t = length[i]
+                length[i] += 1
+                page, offset = divmod(t, block)
+                host_block = source_of[i][page] if page < pages else 0
+                g = host_block * block + offset if host_block > 0 else -1
+                if 0 <= g < host_rows:
+                    writes.append(g)
+                tokens.append(q)
+                slots_written.append(g)
+            if rng.random() < 0.3 and length[i] > 1:  # a rewrite of an older row (rejected speculation)
+                t = rng.randrange(length[i])
+                host_block = source_of[i][t // block]
+                if host_block > 0 and host_block * block + t % block < host_rows:
+                    g = host_block * block + t % block
+                    writes.append(g)
+                    tokens.append(q)
+                    slots_written.append(g)
+        tokens.append(rng.choice((-1, n + 3)))
+        slots_written.append(rng.randrange(host_rows))
+        plan_rows = [rng.randrange(-1, host_rows + 2) for _ in range(k)]
+        plan_mask = [rng.randint(0, 1) for _ in range(k)]
+        steps.append(DecodeStep(
+            global_indices=topk, request_ids=ids, request_state_indices=rsi, hot_block_table=hot_table,
+            source_block_table=src_table, resident_block_table=resident if rng.random() < 0.8 else None,
+            max_union_rows=union_cap, host_writes=writes, written_tokens=tokens, written_slots=slots_written,
+            plan_rows=plan_rows, plan_mask=plan_mask,
+        ))
+    return DecodeSequence(seed, shape, host_rows, hot_blocks, num_states, initial_lru, initial_stats, steps)
+
+
+def decode_sequences(shapes: Sequence[SequenceShape] = SHAPES) -> Any:
+    """A hypothesis strategy of :class:`DecodeSequence` (seed and shape drawn; shrinks toward seed 0)."""
+    from hypothesis import strategies as st
+
+    return st.builds(build_sequence, st.integers(0, 2**32 - 1), st.sampled_from(list(shapes)))
+
+
+@dataclasses.dataclass
+class StepTensors:
+    """The tensors one step's resolve call received (after the call: its outputs and state)."""
+
+    hot_indices: torch.Tensor
+    attention_indices: torch.Tensor
+    miss_mask: torch.Tensor
+    resolved: torch.Tensor
+    valid_counts: torch.Tensor
+    swap_host: torch.Tensor
+    swap_device: torch.Tensor
+    swap_counts: torch.Tensor
+    global_indices: torch.Tensor
+    request_ids: torch.Tensor
+    request_state_indices: torch.Tensor
+    hot_block_table: torch.Tensor
+    source_block_table: torch.Tensor
+    resident_block_table: torch.Tensor | None
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """Everything one step produced, as plain values (compare two implementations with ``==``)."""
+
+    outputs: dict[str, list[Any]]
+    dgi: list[list[int]]
+    lru: list[list[int]]
+    stats: list[int]
+    error_flags: int
+    hot_bytes: list[list[int]]
+    staging_bytes: list[list[int]]
+    dgi_after_invalidate: list[list[int]]
+
+
+class SequenceRun:
+    """The live tensors of one sequence on one device: host and hot caches, state, counters."""
+
+    def __init__(self, sequence: DecodeSequence, device: torch.device | str = "cpu",
+                 host_device: torch.device | str | None = None) -> None:
+        shape = sequence.shape
+        self.sequence = sequence
+        self.device = torch.device(device)
+        self.host_device = torch.device(host_device) if host_device is not None else self.device
+        width = shape.row_width
+        row_bytes = width * torch.empty((), dtype=shape.dtype).element_size()
+        host = _host_bytes(sequence.seed, range(sequence.host_rows), row_bytes)
+        self.host = host.view(shape.dtype).to(self.host_device)
+        generator = torch.Generator().manual_seed(sequence.seed + 1)
+        hot = torch.randint(0, 256, (sequence.hot_blocks, shape.block_size, row_bytes), dtype=torch.uint8,
+                            generator=generator)
+        self.hot = hot.view(shape.dtype).to(self.device)
+        self.staging = torch.zeros(shape.top_k, width, dtype=shape.dtype, device=self.device)
+        self.dgi = torch.full((sequence.num_states, shape.slots), -1, dtype=_I32, device=self.device)
+        self.lru = torch.tensor(sequence.initial_lru, dtype=torch.int16, device=self.device)
+        signed = [v - 2**64 if v >= 2**63 else v for v in sequence.initial_stats]
+        self.stats = torch.tensor(signed, dtype=torch.int64).view(torch.uint64).to(self.device)
+        self.error_flags = torch.zeros(1, dtype=_I32, device=self.device)
+
+    def tensors(self, step: DecodeStep) -> StepTensors:
+        """Fresh input tensors of ``step`` and poisoned outputs."""
+        n, k = len(step.global_indices), self.sequence.top_k
+
+        def t(values: Any) -> torch.Tensor:
+            return torch.tensor(values, dtype=_I32, device=self.device)
+
+        def poison(*size: int) -> torch.Tensor:
+            return torch.full(size, POISON, dtype=_I32, device=self.device)
+
+        resident = step.resident_block_table
+        return StepTensors(
+            hot_indices=poison(n, k), attention_indices=poison(n, k), miss_mask=poison(n, k),
+            resolved=poison(n, k), valid_counts=poison(n), swap_host=poison(n, k), swap_device=poison(n, k),
+            swap_counts=poison(n), global_indices=t(step.global_indices), request_ids=t(step.request_ids),
+            request_state_indices=t(step.request_state_indices), hot_block_table=t(step.hot_block_table),
+            source_block_table=t(step.source_block_table),
+            resident_block_table=t(resident) if resident is not None else None,
+        )
+
+    def attention_block_stride(self) -> int:
+        return self.sequence.shape.block_size + 1
+
+    def resolve(self, ops: CacheOpsLike, step: DecodeStep, io: StepTensors) -> None:
+        """One resolve call with vLLM 0.33.0's argument list (plus ``error_flags``)."""
+        block = self.sequence.shape.block_size
+        ops.resolve_residency(
+            self.host, self.hot, io.hot_block_table, io.global_indices, io.hot_indices, self.dgi, self.lru,
+            io.request_state_indices, self.sequence.shape.slots, step.max_union_rows, io.miss_mask, self.stats,
+            io.attention_indices, self.attention_block_stride(), io.request_ids, io.source_block_table, block,
+            io.resolved, io.valid_counts, io.swap_host, io.swap_device, io.swap_counts,
+            io.resident_block_table, block, 0, error_flags=self.error_flags,
+        )
+
+    def gather(self, ops: CacheOpsLike, io: StepTensors) -> None:
+        ops.gather_compact(self.host, self.hot, io.swap_host, io.swap_device, io.swap_counts)
+
+    def mirror_and_invalidate(self, ops: CacheOpsLike, step: DecodeStep, index: int) -> None:
+        """Rewrite this step's host rows (new bytes from the seed), then invalidate their hot copies."""
+        if step.host_writes:
+            fresh = _host_bytes(self.sequence.seed * 1000 + index + 7, step.host_writes, self.host_row_bytes())
+            rows = torch.tensor(step.host_writes, dtype=torch.int64, device=self.host_device)
+            self.host.view(torch.uint8)[rows] = fresh.to(self.host_device)
+        ops.invalidate_written_slots(
+            self.dgi, torch.tensor(step.request_state_indices, dtype=_I32, device=self.device),
+            torch.tensor(step.written_tokens, dtype=_I32, device=self.device),
+            torch.tensor(step.written_slots, dtype=torch.int64, device=self.device),
+        )
+
+    def host_row_bytes(self) -> int:
+        return self.host.view(torch.uint8).shape[1]
+
+    def plan(self, ops: CacheOpsLike, step: DecodeStep) -> None:
+        k = self.sequence.top_k
+        ops.gather_plan(
+            self.host, self.staging, torch.tensor([step.plan_rows], dtype=_I32, device=self.device),
+            torch.arange(k, dtype=_I32, device=self.device).view(1, k),
+            torch.tensor([step.plan_mask], dtype=_I32, device=self.device), None, None, 0,
+        )
+
+
+def run_sequence(ops: CacheOpsLike, sequence: DecodeSequence, device: torch.device | str = "cpu",
+                 check: Callable[[SequenceRun, DecodeStep, StepTensors], None] | None = None,
+                 host_device: torch.device | str | None = None, run: SequenceRun | None = None) -> list[StepRecord]:
+    """Drive ``ops`` through ``sequence`` as vLLM's runtime does, recording every output after every step.
+
+    ``host_device`` holds the host cache (default: ``device``; a backend's ``CacheOps`` wants it on CPU).
+    ``run`` reuses prepared live tensors (e.g. with a pinned host cache) instead of building them.
+    Per step: resolve (poisoned outputs) -> gather_compact -> ``check`` (if given, e.g. an invariant test) ->
+    gather_plan into a staging buffer -> host mirror writes -> invalidate_written_slots.
+
+    Returns:
+        One :class:`StepRecord` per step.
+    """
+    run = run if run is not None else SequenceRun(sequence, device, host_device)
+    records: list[StepRecord] = []
+    for index, step in enumerate(sequence.steps):
+        io = run.tensors(step)
+        run.resolve(ops, step, io)
+        run.gather(ops, io)
+        if check is not None:
+            check(run, step, io)
+        outputs = {name: getattr(io, name).tolist() for name in (
+            "hot_indices", "attention_indices", "miss_mask", "resolved", "valid_counts", "swap_host",
+            "swap_device", "swap_counts")}
+        dgi, lru = run.dgi.tolist(), run.lru.tolist()
+        stats = run.stats.view(torch.int64).tolist()
+        flags = int(run.error_flags.item())
+        hot_bytes = run.hot.view(torch.uint8).flatten(0, 1).tolist()
+        run.plan(ops, step)
+        staging = run.staging.view(torch.uint8).tolist()
+        run.mirror_and_invalidate(ops, step, index)
+        records.append(StepRecord(outputs, dgi, lru, stats, flags, hot_bytes, staging, run.dgi.tolist()))
+    return records

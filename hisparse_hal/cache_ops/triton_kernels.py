@@ -1,0 +1,461 @@
+"""The Triton kernels of the four cache ops: one source for NVIDIA and AMD.
+
+Imported only by :mod:`hisparse_hal.cache_ops.triton_impl`, on first use, because importing it imports
+triton (and ``TRITON_INTERPRET`` is read when the kernels are defined). Every ordered compaction is a
+block-level ``tl.cumsum``, so no result depends on the warp or wavefront width (32 on NVIDIA, 64 on
+AMD; the SGLang #23970 bug was a warp-32 scan window). Addresses are computed in int64. Resolve is two
+launches (union sizes, then the rest) so a run can see whether an earlier run with its state row fitted.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+__all__ = [
+    "INTERPRETED",
+    "resolve_union_kernel",
+    "resolve_residency_kernel",
+    "gather_rows_kernel",
+    "invalidate_written_slots_kernel",
+]
+
+#: Whether the kernels below were defined for triton's CPU interpreter (``TRITON_INTERPRET=1`` at import).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Hash-table cell states (per run, in global scratch).
+_EMPTY = tl.constexpr(-1)  # key of an unused cell; host rows are >= 0
+_NEVER = tl.constexpr(-3)  # compare value that never matches a key: lanes with nothing to insert
+_NO_POSITION = tl.constexpr(2147483647)
+_KIND_NONE = tl.constexpr(0)
+_KIND_HIT = tl.constexpr(1)
+_KIND_MISS = tl.constexpr(2)
+_KIND_INVALID = tl.constexpr(3)  # the victim slot was out of range (LRU tripwire)
+
+
+@triton.jit
+def _hash_cell(key, table_size):
+    # Knuth multiplicative hash; any hash works (the table is internal and behaves like a dict).
+    return ((key.to(tl.int64) * 2654435761) % 4294967296) % table_size
+
+
+@triton.jit
+def _translate(
+    t, q,
+    src_ptr, src_rows, src_cols, src_stride0, src_block,
+    res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+    host_rows,
+    HAS_SRC: tl.constexpr, HAS_RES: tl.constexpr,
+):
+    """Top-k token positions ``t`` of batch row ``q`` -> (host row g or -1, resident row or -1), int64."""
+    t64 = t.to(tl.int64)
+    q64 = q.to(tl.int64)
+    valid_t = t64 >= 0
+    if HAS_SRC:
+        page = tl.where(valid_t, t64 // src_block, 0)
+        # `!= 0`: the interpreter widens a block-and-scalar `&` to int64, which tl.load rejects as a mask
+        ok = (valid_t & ((q64 >= 0) & (q64 < src_rows)) & (page < src_cols)) != 0
+        block = tl.load(src_ptr + q64 * src_stride0 + page, mask=ok, other=0).to(tl.int64)
+        ok = ok & (block > 0)  # host block 0 is the null block
+        g = tl.where(ok, block * src_block + tl.where(valid_t, t64 % src_block, 0), -1)
+    else:
+        g = t64
+    if HAS_RES:
+        rpage = tl.where(valid_t, t64 // res_block, 0)
+        okr = (valid_t & ((q64 >= 0) & (q64 < res_rows)) & (rpage < res_cols)) != 0
+        rblock = tl.load(res_ptr + q64 * res_stride0 + rpage, mask=okr, other=-1).to(tl.int64)
+        okr = okr & (rblock >= 0) & (rblock != res_null)
+        res = tl.where(okr, rblock * res_block + tl.where(valid_t, t64 % res_block, 0), -1)
+    else:
+        res = tl.full(t.shape, -1, tl.int64)
+    g = tl.where(g >= host_rows, -1, g)
+    return g, res
+
+
+@triton.jit
+def _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI: tl.constexpr):
+    """State row of batch request row(s) ``q``, or -1 when out of range."""
+    q64 = q.to(tl.int64)
+    if HAS_RSI:
+        inr = (q64 >= 0) & (q64 < rsi_len)
+        s = tl.load(rsi_ptr + tl.where(inr, q64, 0), mask=inr, other=-1).to(tl.int64)
+    else:
+        s = q64
+    return tl.where((s >= 0) & (s < num_states), s, -1)
+
+
+@triton.jit
+def _phys(q64, slot, hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size):
+    """Physical hot row of ``slot`` of batch row ``q64``: hot_block_table[q, slot // B] * B + slot % B.
+
+    A table cell outside the table reads as block -1 (a negative row, which gather_compact skips).
+    """
+    slot64 = slot.to(tl.int64)
+    safe = tl.where(slot64 >= 0, slot64, 0)
+    column = safe // block_size
+    inside = ((column < hbt_cols) & ((q64 >= 0) & (q64 < hbt_rows))) != 0
+    block = tl.load(hbt_ptr + tl.where(inside, q64 * hbt_stride0 + column, 0), mask=inside, other=-1).to(tl.int64)
+    return block * block_size + safe % block_size
+
+
+@triton.jit
+def _write_index(hot_ptr, att_ptr, att_stride0, r64, cols, x, mask, block_size, att_block_stride, K,
+                 HAS_ATT: tl.constexpr):
+    tl.store(hot_ptr + r64 * K + cols, x.to(tl.int32), mask=mask)
+    if HAS_ATT:
+        att = tl.where(x < 0, -1, (x // block_size) * att_block_stride + x % block_size)
+        tl.store(att_ptr + r64 * att_stride0 + cols, att.to(tl.int32), mask=mask)
+
+
+@triton.jit
+def _run_of(r0, N, rid_ptr, HAS_RID: tl.constexpr):
+    """(request row q, whether row r0 starts a run, the run's end r1): a run is a maximal block of rows with
+    one request id; without request ids every row is its own run."""
+    if HAS_RID:
+        q = tl.load(rid_ptr + r0).to(tl.int64)
+        prev = tl.load(rid_ptr + tl.maximum(r0 - 1, 0)).to(tl.int64)
+        is_leader = (r0 == 0) | (prev != q)
+    else:
+        q = r0
+        is_leader = r0 >= 0
+    r1 = r0 + 1
+    if HAS_RID:
+        nxt = tl.load(rid_ptr + tl.minimum(r1, N - 1)).to(tl.int64)
+        while (r1 < N) & (nxt == q):
+            r1 += 1
+            nxt = tl.load(rid_ptr + tl.minimum(r1, N - 1)).to(tl.int64)
+    return q, is_leader, r1
+
+
+@triton.jit
+def resolve_union_kernel(
+    host_rows, N, K, num_states,
+    gi_ptr, gi_stride0,
+    rsi_ptr, rsi_len,
+    rid_ptr,
+    src_ptr, src_rows, src_cols, src_stride0, src_block,
+    res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+    keys_ptr, first_ptr, kind_ptr, cells_ptr, union_ptr,
+    HAS_RSI: tl.constexpr, HAS_RID: tl.constexpr, HAS_SRC: tl.constexpr, HAS_RES: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Resolve, launch 1 of 2 (one program per batch row; run leaders work): translate the run's top-k and
+    build its union, host row -> first position, in a per-run hash table; write the union's size.
+
+    A separate launch because the next one decides whether a state row is shared by asking whether an
+    earlier run with it fitted ``max_union_rows``, which needs every run's union size first.
+    """
+    r0 = tl.program_id(0).to(tl.int64)
+    q, is_leader, r1 = _run_of(r0, N, rid_ptr, HAS_RID)
+    if is_leader:
+        s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
+        if s >= 0:
+            positions = (r1 - r0) * K
+            cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
+            table = r0 * K * 2  # this run's hash table: 2 cells per position, load factor <= 1/2
+            table_size = positions * 2
+            cell_base = r0 * K
+            for i in range(0, table_size, BLOCK_K):
+                ci = i + cols_k
+                mi = ci < table_size
+                tl.store(keys_ptr + table + ci, tl.full([BLOCK_K], _EMPTY, tl.int32), mask=mi)
+                tl.store(first_ptr + table + ci, tl.full([BLOCK_K], _NO_POSITION, tl.int32), mask=mi)
+                tl.store(kind_ptr + table + ci, tl.full([BLOCK_K], _KIND_NONE, tl.int32), mask=mi)
+            tl.debug_barrier()
+            for r in range(r0, r1):
+                for c0 in range(0, K, BLOCK_K):
+                    cols = c0 + cols_k
+                    mc = cols < K
+                    t = tl.load(gi_ptr + r * gi_stride0 + cols, mask=mc, other=-1)
+                    g, res = _translate(t, q, src_ptr, src_rows, src_cols, src_stride0, src_block,
+                                        res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+                                        host_rows, HAS_SRC, HAS_RES)
+                    p = ((r - r0) * K + cols).to(tl.int32)
+                    active = mc & (res < 0) & (g >= 0)
+                    key = tl.where(active, g, 0).to(tl.int32)
+                    h = _hash_cell(key, table_size)
+                    cell = tl.full([BLOCK_K], -1, tl.int64)
+                    while tl.max(active.to(tl.int32), axis=0) > 0:
+                        old = tl.atomic_cas(keys_ptr + table + h, tl.where(active, _EMPTY, _NEVER), key)
+                        done = active & ((old == _EMPTY) | (old == key))
+                        tl.atomic_min(first_ptr + table + h, p, mask=done)
+                        cell = tl.where(done, h, cell)
+                        active = active & ~done
+                        h = tl.where(active, (h + 1) % table_size, h)
+                    tl.store(cells_ptr + cell_base + p, cell.to(tl.int32), mask=mc)
+            tl.debug_barrier()
+            union = 0
+            for i in range(0, table_size, BLOCK_K):
+                ci = i + cols_k
+                kk = tl.load(keys_ptr + table + ci, mask=ci < table_size, other=_EMPTY)
+                union += tl.sum((kk != _EMPTY).to(tl.int32), axis=0)
+            tl.store(union_ptr + r0, union)
+
+
+@triton.jit
+def resolve_residency_kernel(
+    # geometry
+    host_rows, block_size, N, K, H, num_states, max_union_rows,
+    # inputs and state
+    hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
+    gi_ptr, gi_stride0,
+    hot_ptr,
+    dgi_ptr, lru_ptr,
+    rsi_ptr, rsi_len,
+    rid_ptr,
+    src_ptr, src_rows, src_cols, src_stride0, src_block,
+    res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+    # optional outputs
+    miss_ptr, stats_ptr, att_ptr, att_stride0, att_block_stride,
+    resolved_ptr, valid_ptr, valid_stride0,
+    swap_host_ptr, swap_dev_ptr, swap_counts_ptr,
+    err_ptr,
+    # scratch: per run, at offsets derived from its first row
+    keys_ptr, first_ptr, kind_ptr, slot_ptr, cells_ptr, order_ptr, union_ptr,
+    HAS_RSI: tl.constexpr, HAS_RID: tl.constexpr, HAS_SRC: tl.constexpr, HAS_RES: tl.constexpr,
+    HAS_MISS: tl.constexpr, HAS_STATS: tl.constexpr, HAS_ATT: tl.constexpr, HAS_RESOLVED: tl.constexpr,
+    HAS_VALID: tl.constexpr, HAS_SWAP: tl.constexpr, HAS_ERR: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """Resolve, launch 2 of 2 (one program per batch row; run leaders work): with the union from launch 1,
+    classify the run's slots in LRU order, give misses the oldest evictable slots, publish indices and counts,
+    rewrite the LRU. Padding, overflowing and state-sharing runs get padding outputs only."""
+    r0 = tl.program_id(0).to(tl.int64)
+    q, is_leader, r1 = _run_of(r0, N, rid_ptr, HAS_RID)
+    if is_leader:
+        s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
+        usable = s >= 0
+        union = 0
+        if usable:
+            union = tl.load(union_ptr + r0)
+        # more distinct host rows than max_union_rows: this run is padding (flag 1)
+        overflow = usable & (union > max_union_rows)
+        usable = usable & (union <= max_union_rows)
+        dup = 0
+        if usable:
+            for start in range(0, r0, BLOCK_R):
+                rr = start + tl.arange(0, BLOCK_R).to(tl.int64)
+                mr = rr < r0
+                if HAS_RID:
+                    qq = tl.load(rid_ptr + rr, mask=mr, other=-1).to(tl.int64)
+                    pq = tl.load(rid_ptr + tl.maximum(rr - 1, 0), mask=mr & (rr > 0), other=-1).to(tl.int64)
+                    lead = mr & ((rr == 0) | (qq != pq))
+                else:
+                    qq = rr
+                    lead = mr
+                same = lead & (_state_of(qq, rsi_ptr, rsi_len, num_states, HAS_RSI) == s)
+                fitted = tl.load(union_ptr + rr, mask=same, other=max_union_rows + 1) <= max_union_rows
+                dup += tl.sum((same & fitted).to(tl.int32), axis=0)
+        # an earlier run of this call already resolved this state row: this run is padding (flag 4)
+        reused = usable & (dup > 0)
+        usable = usable & (dup == 0)
+        if HAS_ERR:
+            flag = tl.where(reused, 4, tl.where(overflow, 1, 0))
+            if flag != 0:
+                tl.atomic_or(err_ptr, flag)
+        cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
+        table = r0 * K * 2
+        table_size = (r1 - r0) * K * 2
+        cell_base = r0 * K
+        if usable:
+            hits_slots = 0
+            evictable = 0
+            misses_m = 0
+            s_row = s * H
+            order = r0 * H
+            cols_h = tl.arange(0, BLOCK_H).to(tl.int64)
+            if union > 0:
+                # ---- phase 2: classify slots in LRU order (oldest first); hits and evictables, stable
+                for i0 in range(0, H, BLOCK_H):
+                    pos = i0 + cols_h
+                    mp = pos < H
+                    slot = tl.load(lru_ptr + s_row + pos, mask=mp, other=-1).to(tl.int64)
+                    inr = mp & (slot >= 0) & (slot < H)
+                    key = tl.load(dgi_ptr + s_row + tl.where(inr, slot, 0), mask=inr, other=-1)
+                    h = _hash_cell(tl.where(key >= 0, key, 0), table_size)
+                    found = tl.full([BLOCK_H], -1, tl.int64)
+                    active = key >= 0
+                    while tl.max(active.to(tl.int32), axis=0) > 0:
+                        kk = tl.load(keys_ptr + table + h, mask=active, other=_EMPTY)
+                        found = tl.where(active & (kk == key), h, found)
+                        active = active & (kk != key) & (kk != _EMPTY)
+                        h = tl.where(active, (h + 1) % table_size, h)
+                    hit = found >= 0
+                    ev = mp & ~hit
+                    hit_i = hit.to(tl.int32)
+                    ev_i = ev.to(tl.int32)
+                    hit_rank = hits_slots + tl.cumsum(hit_i, axis=0) - hit_i
+                    ev_rank = evictable + tl.cumsum(ev_i, axis=0) - ev_i
+                    tl.store(order_ptr + order + ev_rank, slot.to(tl.int32), mask=ev)
+                    tl.store(order_ptr + order + (H - 1 - hit_rank), slot.to(tl.int32), mask=hit)
+                    tl.store(kind_ptr + table + found, tl.full([BLOCK_H], _KIND_HIT, tl.int32), mask=hit)
+                    tl.store(slot_ptr + table + found, slot.to(tl.int32), mask=hit)
+                    hits_slots += tl.sum(hit_i, axis=0)
+                    evictable += tl.sum(ev_i, axis=0)
+                tl.debug_barrier()
+                # ---- phase 3: misses in first-reference order take the oldest evictable slots
+                for r in range(r0, r1):
+                    for c0 in range(0, K, BLOCK_K):
+                        cols = c0 + cols_k
+                        mc = cols < K
+                        p = ((r - r0) * K + cols).to(tl.int32)
+                        cell = tl.load(cells_ptr + cell_base + p, mask=mc, other=-1).to(tl.int64)
+                        host = mc & (cell >= 0)
+                        safe = tl.where(host, cell, 0)
+                        first = tl.load(first_ptr + table + safe, mask=host, other=-1)
+                        kind = tl.load(kind_ptr + table + safe, mask=host, other=_KIND_NONE)
+                        miss = host & (first == p) & (kind == _KIND_NONE)
+                        miss_i = miss.to(tl.int32)
+                        m = (misses_m + tl.cumsum(miss_i, axis=0) - miss_i).to(tl.int64)
+                        have = miss & (m < evictable)
+                        slot = tl.load(order_ptr + order + m, mask=have, other=-1).to(tl.int64)
+                        good = have & (slot >= 0) & (slot < H)
+                        key = tl.load(keys_ptr + table + safe, mask=miss, other=0)
+                        if HAS_SWAP:
+                            tl.store(swap_host_ptr + r0 * K + m, key, mask=miss)
+                            victim = _phys(q, tl.where(good, slot, 0), hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
+                                           block_size)
+                            dev = tl.where(good, victim, -1)
+                            tl.store(swap_dev_ptr + r0 * K + m, dev.to(tl.int32), mask=miss)
+                        tl.store(dgi_ptr + s_row + tl.where(good, slot, 0), key, mask=good)
+                        tl.store(kind_ptr + table + safe, tl.where(good, _KIND_MISS, _KIND_INVALID), mask=miss)
+                        tl.store(slot_ptr + table + safe, slot.to(tl.int32), mask=good)
+                        bad = tl.sum((miss & ~good).to(tl.int32), axis=0)
+                        if bad > 0:
+                            if HAS_ERR:
+                                tl.atomic_or(err_ptr, 2)
+                        misses_m += tl.sum(miss_i, axis=0)
+                tl.debug_barrier()
+            # ---- phase 4: publish indices and tally (every position of the run)
+            hits_count = 0
+            miss_count = 0
+            for r in range(r0, r1):
+                valid_row = 0
+                for c0 in range(0, K, BLOCK_K):
+                    cols = c0 + cols_k
+                    mc = cols < K
+                    t = tl.load(gi_ptr + r * gi_stride0 + cols, mask=mc, other=-1)
+                    g, res = _translate(t, q, src_ptr, src_rows, src_cols, src_stride0, src_block,
+                                        res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+                                        host_rows, HAS_SRC, HAS_RES)
+                    p = ((r - r0) * K + cols).to(tl.int32)
+                    host = mc & (res < 0) & (g >= 0)
+                    cell = tl.load(cells_ptr + cell_base + p, mask=host, other=0).to(tl.int64)
+                    kind = tl.load(kind_ptr + table + cell, mask=host, other=_KIND_INVALID)
+                    slot = tl.load(slot_ptr + table + cell, mask=host, other=0)
+                    first = tl.load(first_ptr + table + cell, mask=host, other=-1)
+                    served = host & (kind != _KIND_INVALID)
+                    phys = _phys(q, tl.where(served, slot, 0), hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size)
+                    x = tl.where(res >= 0, res, tl.where(served, phys, -1))
+                    _write_index(hot_ptr, att_ptr, att_stride0, r, cols, x, mc, block_size, att_block_stride, K,
+                                 HAS_ATT)
+                    if HAS_RESOLVED:
+                        tl.store(resolved_ptr + r * K + cols, g.to(tl.int32), mask=mc)
+                    is_miss = served & (kind == _KIND_MISS) & (first == p)
+                    if HAS_MISS:
+                        tl.store(miss_ptr + r * K + cols, is_miss.to(tl.int32), mask=mc)
+                    miss_count += tl.sum(is_miss.to(tl.int32), axis=0)
+                    hits_count += tl.sum((served & ~is_miss).to(tl.int32), axis=0)
+                    valid_row += tl.sum((mc & ((res >= 0) | (g >= 0))).to(tl.int32), axis=0)
+                if HAS_VALID:
+                    tl.store(valid_ptr + r * valid_stride0, valid_row)
+                if HAS_SWAP:
+                    share = tl.minimum(tl.maximum(misses_m - (r - r0) * K, 0), K)
+                    tl.store(swap_counts_ptr + r, share.to(tl.int32))
+            if union > 0:
+                # ---- phase 5: LRU = unused evictables, then just-filled slots, then hits (old order)
+                for i0 in range(0, H, BLOCK_H):
+                    i = i0 + cols_h
+                    mi = i < H
+                    stale = evictable - misses_m
+                    src = tl.where(i < stale, misses_m + i,
+                                   tl.where(i < evictable, i - stale, H - 1 - (i - evictable)))
+                    val = tl.load(order_ptr + order + src, mask=mi, other=0)
+                    tl.store(lru_ptr + s_row + i, val.to(tl.int16), mask=mi)
+                if HAS_STATS:
+                    tl.atomic_add(stats_ptr, hits_count.to(tl.int64))
+                    tl.atomic_add(stats_ptr + 1, miss_count.to(tl.int64))
+        else:
+            # ---- padding: -1 indices, 0 counts; miss_mask, swap rows and state untouched
+            for r in range(r0, r1):
+                for c0 in range(0, K, BLOCK_K):
+                    cols = c0 + cols_k
+                    mc = cols < K
+                    none = tl.full([BLOCK_K], -1, tl.int64)
+                    _write_index(hot_ptr, att_ptr, att_stride0, r, cols, none, mc, block_size, att_block_stride,
+                                 K, HAS_ATT)
+                    if HAS_RESOLVED:
+                        tl.store(resolved_ptr + r * K + cols, none.to(tl.int32), mask=mc)
+                if HAS_VALID:
+                    tl.store(valid_ptr + r * valid_stride0, 0)
+                if HAS_SWAP:
+                    tl.store(swap_counts_ptr + r, 0)
+
+
+@triton.jit
+def gather_rows_kernel(
+    host_ptr, hot_ptr, gi_ptr, hi_ptr, mask_ptr, counts_ptr, rsi_ptr, att_ptr,
+    C, host_rows, hot_rows, block_size, block_stride_w, row_stride_w, row_words, att_block_stride,
+    COMPACT: tl.constexpr, HAS_RSI: tl.constexpr, HAS_ATT: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """Copy host rows into hot rows for ``BLOCK_C`` columns of one plan row.
+
+    ``COMPACT``: the first ``clamp(counts[r], 0, C)`` columns (gather_compact); else the columns whose
+    mask is nonzero, skipping padding rows (gather_plan). ``g >= host_rows`` zero-fills; negative or
+    out-of-range destinations are skipped.
+    """
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
+    mc = cols < C
+    d = tl.load(hi_ptr + r * C + cols, mask=mc, other=-1).to(tl.int64)
+    if COMPACT:
+        n = tl.load(counts_ptr + r)
+        n = tl.minimum(tl.maximum(n, 0), C)
+        take = mc & (cols < n)
+    else:
+        if HAS_RSI:
+            state = tl.load(rsi_ptr + r)
+        else:
+            state = 0
+        pad = state < 0
+        if HAS_ATT:
+            att = tl.where(((d < 0) | pad) != 0, -1, (d // block_size) * att_block_stride + d % block_size)
+            tl.store(att_ptr + r * C + cols, att.to(tl.int32), mask=mc)
+        flagged = tl.load(mask_ptr + r * C + cols, mask=mc, other=0)
+        take = (mc & (flagged != 0) & ~pad) != 0
+    g = tl.load(gi_ptr + r * C + cols, mask=take, other=-1).to(tl.int64)
+    take = take & (g >= 0) & (d >= 0) & (d < hot_rows)
+    from_host = take & (g < host_rows)
+    words = tl.arange(0, BLOCK_W).to(tl.int64)
+    for w0 in range(0, row_words, BLOCK_W):
+        w = w0 + words
+        mw = w < row_words
+        src = host_ptr + tl.where(from_host, g, 0)[:, None] * row_words + w[None, :]
+        vals = tl.load(src, mask=from_host[:, None] & mw[None, :], other=0)
+        dsafe = tl.where(take, d, 0)
+        row_start = (dsafe // block_size) * block_stride_w + (dsafe % block_size) * row_stride_w
+        dst = hot_ptr + row_start[:, None] + w[None, :]
+        tl.store(dst, vals, mask=take[:, None] & mw[None, :])
+
+
+@triton.jit
+def invalidate_written_slots_kernel(
+    dgi_ptr, rsi_ptr, rid_ptr, ws_ptr, rsi_len, num_states, H,
+    BLOCK_H: tl.constexpr,
+):
+    """One program per written token: clear every DGI entry of its state row that holds its host row."""
+    t = tl.program_id(0).to(tl.int64)
+    q = tl.load(rid_ptr + t).to(tl.int64)
+    if (q >= 0) & (q < rsi_len):
+        s = tl.load(rsi_ptr + q).to(tl.int64)
+        w = tl.load(ws_ptr + t).to(tl.int64)
+        if (s >= 0) & (s < num_states) & (w >= 0):
+            cols = tl.arange(0, BLOCK_H).to(tl.int64)
+            for i0 in range(0, H, BLOCK_H):
+                i = i0 + cols
+                mi = i < H
+                held = tl.load(dgi_ptr + s * H + i, mask=mi, other=-1).to(tl.int64)
+                tl.store(dgi_ptr + s * H + i, tl.full([BLOCK_H], -1, tl.int32), mask=mi & (held == w))

@@ -1,0 +1,241 @@
+"""``torch.ops.hisparse_hal.*``: vLLM 0.33.0's schemas, dispatch per device, fake kernels, torch.compile."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from hisparse_hal.cache_ops import library, oracle, selection, torch_impl
+from hisparse_hal.cache_ops.sequences import SHAPES, SequenceShape, build_sequence, run_sequence
+
+I32 = torch.int32
+OPS = torch.ops.hisparse_hal
+
+# The schema strings in vLLM 0.33.0's vllm/_C_stable_libtorch.abi3.so (`strings` on the wheel's library),
+# whitespace collapsed. Our ops must take the same arguments, in the same order, with the same annotations.
+VLLM_SCHEMAS = {
+    "resolve_residency": (
+        "hisparse_resolve_residency(Tensor host_cache, Tensor! hot_cache, Tensor hot_block_table, "
+        "Tensor global_indices, Tensor! hot_indices, Tensor! device_global_indices, Tensor! lru_slots, "
+        "Tensor? request_state_indices, int region_stride, int max_union_rows, Tensor(a!)? miss_mask=None, "
+        "Tensor(b!)? stats=None, Tensor(c!)? attention_indices=None, int attention_block_stride=0, "
+        "Tensor? request_ids=None, Tensor? source_block_table=None, int source_block_size=0, "
+        "Tensor(d!)? resolved_global_indices=None, Tensor(e!)? valid_counts=None, "
+        "Tensor(f!)? swap_host_physical_rows=None, Tensor(g!)? swap_device_physical_rows=None, "
+        "Tensor(h!)? swap_counts=None, Tensor? resident_block_table=None, int resident_block_size=0, "
+        "int resident_null_block=0) -> ()"
+    ),
+    "invalidate_written_slots": (
+        "hisparse_invalidate_written_slots(Tensor! device_global_indices, Tensor request_state_indices, "
+        "Tensor req_id_per_token, Tensor written_slots) -> ()"
+    ),
+    "gather_plan": (
+        "hisparse_gather_plan(Tensor host_cache, Tensor! hot_cache, Tensor global_indices, Tensor hot_indices, "
+        "Tensor miss_mask, Tensor? request_state_indices, Tensor(a!)? attention_indices=None, "
+        "int attention_block_stride=0) -> ()"
+    ),
+    "gather_compact": (
+        "hisparse_gather_compact(Tensor host_cache, Tensor! hot_cache, Tensor miss_global_indices, "
+        "Tensor miss_hot_indices, Tensor miss_counts) -> ()"
+    ),
+}
+
+
+def _arguments(schema: Any) -> list[tuple[str, str, bool, Any, bool]]:
+    """(name, type, written, default, keyword-only) of every argument."""
+    return [
+        (a.name, str(a.type), bool(a.alias_info and a.alias_info.is_write), a.default_value, a.kwarg_only)
+        for a in schema.arguments
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_SCHEMAS))
+def test_op_schema_takes_vllm_arguments_in_vllm_order_with_the_same_mutations(name: str) -> None:
+    ours = _arguments(getattr(OPS, name).default._schema)
+    vllm = _arguments(torch._C.parse_schema(VLLM_SCHEMAS[name]))
+    extension = [("error_flags", "Optional[Tensor]", True, None, True)] if name == "resolve_residency" else []
+    assert ours == vllm + extension
+    assert getattr(OPS, name).default._schema.returns == []
+
+
+def test_error_flags_is_keyword_only_and_optional() -> None:
+    schema = OPS.resolve_residency.default._schema
+    flags = schema.arguments[-1]
+    assert (flags.name, flags.kwarg_only, flags.default_value) == ("error_flags", True, None)
+    assert sum(not a.kwarg_only for a in schema.arguments) == 25
+
+
+def test_register_again_and_reload_keep_one_working_definition() -> None:
+    library.register()
+    reloaded = importlib.reload(library)
+    reloaded.register()
+    assert reloaded.SCHEMAS == library.SCHEMAS
+    dgi = torch.tensor([[5, 7, 5]], dtype=I32)
+    OPS.invalidate_written_slots(dgi, torch.tensor([0], dtype=I32), torch.tensor([0], dtype=I32), torch.tensor([5]))
+    assert dgi.tolist() == [[-1, 7, -1]]
+
+
+def test_cpu_tensors_dispatch_to_torch_impl() -> None:
+    assert library.implementation_for(torch.device("cpu")) is torch_impl
+
+
+def test_gpu_device_dispatches_to_what_selection_chooses(monkeypatch: pytest.MonkeyPatch) -> None:
+    library.implementation_for.cache_clear()
+    calls: list[torch.device] = []
+
+    def choose(device: torch.device) -> tuple[str, str]:
+        calls.append(device)
+        return "torch", "forced by the test"
+
+    monkeypatch.setattr(selection, "choose_cache_ops", choose)
+    try:
+        assert library.implementation_for(torch.device("cuda", 1)) is torch_impl
+        assert library.implementation_for(torch.device("cuda", 1)) is torch_impl
+    finally:
+        library.implementation_for.cache_clear()
+    assert calls == [torch.device("cuda", 1)], "the choice is made once per device"
+
+
+def test_kernel_dispatches_on_the_accelerator_tensor_when_the_host_cache_is_on_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[torch.device] = []
+
+    class Recorder:
+        @staticmethod
+        def gather_compact(*args: Any) -> None:
+            seen.append(args[1].device)
+
+    def implementation_for(device: torch.device) -> type[Recorder]:
+        seen.append(device)
+        return Recorder
+
+    monkeypatch.setattr(library, "implementation_for", implementation_for)
+    kernel = library._device_kernel("gather_compact")
+    kernel(torch.zeros(2, 16), torch.empty(1, 2, 16, device="meta"), None, None, None)
+    assert seen == [torch.device("meta"), torch.device("meta")]
+
+
+def test_gpu_device_honours_a_forced_triton_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    library.implementation_for.cache_clear()
+    monkeypatch.setattr(selection, "choose_cache_ops", lambda device: ("triton", "forced by the test"))
+    try:
+        chosen = library.implementation_for(torch.device("cuda", 0))
+    finally:
+        library.implementation_for.cache_clear()
+    assert chosen.__name__ == "hisparse_hal.cache_ops.triton_impl"
+
+
+def _example_state() -> dict[str, Any]:
+    """Worked example A of docs/design/cache-ops.md (two single-row requests, B=4, K=3, H=6), step 1."""
+    resident = torch.zeros(4, 3, dtype=I32)
+    resident[0, 2] = 10
+    return {
+        "host": torch.randint(0, 256, (64, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(7)),
+        "hot": torch.zeros(40, 4, 16, dtype=torch.uint8),
+        "hot_block_table": torch.tensor([[20, 21], [30, 31]], dtype=I32),
+        "topk": torch.tensor([[1, 6, 9], [0, 5, -1]], dtype=I32),
+        "hot_indices": torch.full((2, 3), -999, dtype=I32),
+        "dgi": torch.full((4, 6), -1, dtype=I32),
+        "lru": torch.arange(6, dtype=torch.int16).repeat(4, 1),
+        "state_of_request": torch.tensor([2, 3, -1, -1], dtype=I32),
+        "stats": torch.zeros(2, dtype=torch.uint64),
+        "attention": torch.full((2, 3), -999, dtype=I32),
+        "request_ids": torch.tensor([0, 1], dtype=I32),
+        "source": torch.tensor([[5, 9, 3], [7, 2, 11]], dtype=I32),
+        "swap_host": torch.full((2, 3), -999, dtype=I32),
+        "swap_device": torch.full((2, 3), -999, dtype=I32),
+        "swap_counts": torch.full((2,), -999, dtype=I32),
+        "resident": resident,
+        "flags": torch.zeros(1, dtype=I32),
+    }
+
+
+def _resolve_and_copy(s: dict[str, Any]) -> None:
+    OPS.resolve_residency(
+        s["host"], s["hot"], s["hot_block_table"], s["topk"], s["hot_indices"], s["dgi"], s["lru"],
+        s["state_of_request"], 6, 3, None, s["stats"], s["attention"], 4, s["request_ids"], s["source"], 4, None,
+        None, s["swap_host"], s["swap_device"], s["swap_counts"], s["resident"], 4, 0, error_flags=s["flags"],
+    )
+    OPS.gather_compact(s["host"], s["hot"], s["swap_host"], s["swap_device"], s["swap_counts"])
+
+
+def _assert_example_step_one(s: dict[str, Any]) -> None:
+    assert s["hot_indices"].tolist() == [[80, 81, 41], [120, 121, -1]]
+    assert s["dgi"][2:].tolist() == [[21, 38, -1, -1, -1, -1], [28, 9, -1, -1, -1, -1]]
+    assert s["lru"][2:].tolist() == [[2, 3, 4, 5, 0, 1], [2, 3, 4, 5, 0, 1]]
+    assert s["stats"].view(torch.int64).tolist() == [0, 4]
+    hot_rows = s["hot"].view(-1, 16)
+    for host_row, hot_row in [(21, 80), (38, 81), (28, 120), (9, 121)]:
+        assert torch.equal(hot_rows[hot_row], s["host"][host_row]), f"host row {host_row} -> hot row {hot_row}"
+
+
+def test_ops_through_the_dispatcher_resolve_and_copy_the_worked_example() -> None:
+    state = _example_state()
+    _resolve_and_copy(state)
+    _assert_example_step_one(state)
+
+
+def test_fake_tensors_propagate_through_every_op_without_writing() -> None:
+    state = _example_state()
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fake = {k: mode.from_tensor(v) for k, v in state.items()}
+        _resolve_and_copy(fake)
+        OPS.gather_plan(fake["host"], fake["hot"], fake["swap_host"], fake["swap_device"], fake["hot_indices"],
+                        None, fake["attention"], 4)
+        OPS.invalidate_written_slots(fake["dgi"], fake["state_of_request"], fake["request_ids"],
+                                     fake["swap_host"][:, 0].to(torch.int64))
+        shapes = {k: (tuple(v.shape), v.dtype) for k, v in fake.items()}
+    assert shapes == {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
+    assert state["dgi"].eq(-1).all() and state["hot_indices"].eq(-999).all(), "real tensors stay untouched"
+
+
+def test_meta_tensors_run_the_fake_kernels() -> None:
+    state = {k: v.to("meta") for k, v in _example_state().items()}
+    _resolve_and_copy(state)  # a missing Meta kernel raises NotImplementedError here
+    assert state["hot_indices"].device.type == "meta"
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_torch_compile_fullgraph_keeps_the_ops_in_one_graph(backend: str) -> None:
+    torch._dynamo.reset()
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    state = _example_state()
+    compiled = torch.compile(_resolve_and_copy, fullgraph=True, backend=record)
+    compiled(state)
+    _assert_example_step_one(state)
+    assert len(graphs) == 1, "one graph: no graph break"
+    targets = {str(node.target).removesuffix(".default") for node in graphs[0].graph.nodes}
+    assert {"hisparse_hal.resolve_residency", "hisparse_hal.gather_compact"} <= targets
+
+
+class _DispatcherOps:
+    """The four ops called through ``torch.ops.hisparse_hal`` (what an engine or a compiled graph calls)."""
+
+    def __init__(self) -> None:
+        self.resolve_residency: Callable[..., None] = OPS.resolve_residency
+        self.gather_compact: Callable[..., None] = OPS.gather_compact
+        self.gather_plan: Callable[..., None] = OPS.gather_plan
+        self.invalidate_written_slots: Callable[..., None] = OPS.invalidate_written_slots
+
+
+# With test_cache_ops_torch.py's 1,200 this makes 2,000 generated sequences through the torch implementation.
+SEEDS_PER_SHAPE = 800 // len(SHAPES) + 1
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"shape{i}" for i in range(len(SHAPES))])
+def test_ops_through_the_dispatcher_equal_the_oracle_over_generated_sequences(shape: SequenceShape) -> None:
+    start = 500_000 + SHAPES.index(shape) * 10_000
+    for seed in range(start, start + SEEDS_PER_SHAPE):
+        sequence = build_sequence(seed, shape)
+        assert run_sequence(_DispatcherOps(), sequence) == run_sequence(oracle, sequence), f"seed {seed}, {shape}"
