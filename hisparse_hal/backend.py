@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager
 
 import torch
 
@@ -62,6 +62,14 @@ class CacheOps:
         from .cache_ops.selection import implementation_module
 
         return implementation_module(self.implementation)
+
+    def _run(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Hand one cache op to the backend, which runs it now or records it into a capture."""
+        from .cache_ops import arguments
+
+        op = getattr(self._ops(), name)
+        check = getattr(arguments, f"check_{name}")
+        self.backend._enqueue_cache_op(name, lambda: op(*args, **kwargs), lambda: check(*args, **kwargs))
 
     def swap_blocks_batch(self, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
         """See :meth:`HiSparseBackend.swap_blocks_batch`."""
@@ -114,7 +122,8 @@ class CacheOps:
         Raises:
             InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
         """
-        self._ops().resolve_residency(
+        self._run(
+            "resolve_residency",
             self.backend.device_view_of_host(host_cache), hot_cache, hot_block_table, global_indices,
             hot_indices, device_global_indices, lru_slots, request_state_indices, region_stride, max_union_rows,
             miss_mask, stats, attention_indices, attention_block_stride, request_ids, source_block_table,
@@ -136,7 +145,8 @@ class CacheOps:
         Raises:
             InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
         """
-        self._ops().gather_compact(
+        self._run(
+            "gather_compact",
             self.backend.device_view_of_host(host_cache), hot_cache, miss_global_indices, miss_hot_indices,
             miss_counts,
         )
@@ -157,7 +167,8 @@ class CacheOps:
         Raises:
             InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
         """
-        self._ops().gather_plan(
+        self._run(
+            "gather_plan",
             self.backend.device_view_of_host(host_cache), hot_cache, global_indices, hot_indices, miss_mask,
             request_state_indices, attention_indices, attention_block_stride,
         )
@@ -174,7 +185,8 @@ class CacheOps:
         Raises:
             InvalidArgumentError: an argument vLLM's op would reject.
         """
-        self._ops().invalidate_written_slots(
+        self._run(
+            "invalidate_written_slots",
             device_global_indices, request_state_indices, req_id_per_token, written_slots
         )
 
@@ -437,6 +449,15 @@ class HiSparseBackend:
         kv_caches.update(views)
 
     # ----------------------------------------------------------------- per-step operations
+    def _enqueue_cache_op(self, name: str, run: Callable[[], None], check: Callable[[], None]) -> None:
+        """Vendor hook: run one cache op (``name``) on the current stream.
+
+        ``check`` validates the op's arguments (metadata only) and ``run`` checks and runs it. The default
+        runs it at once: on a GPU a capture records the kernels it launches. A device whose capture is
+        not a stream capture (the CPU device) records it instead.
+        """
+        run()
+
     def create_cache_ops(self, runtime: Any) -> CacheOps:
         """The per-step operations bound to ``runtime`` (see :class:`CacheOps`)."""
         return CacheOps(self, runtime)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -219,6 +219,30 @@ class CpuBackend(HiSparseBackend):
 
         graph.record(CapturedOp("gather_resident_rows", lambda: gather_rows(source, destination, row_ids), check))
 
+    def _enqueue_cache_op(self, name: str, run: Callable[[], None], check: Callable[[], None]) -> None:
+        """Run a cache op now, or, while this thread captures, check its arguments and record it.
+
+        The graph keeps references to the op's tensors, as a GPU graph keeps pointers: ids and plans
+        written into them in place before a replay are what that replay reads. Arguments are checked at
+        capture (so a bad call fails there, recording nothing) and again before each replay.
+
+        Raises:
+            InvalidArgumentError: an argument the op rejects (at capture, or at replay before anything ran).
+        """
+        graph = current_graph()
+        if graph is None:
+            run()
+            return
+        check()
+
+        def check_again() -> None:
+            try:
+                check()
+            except InvalidArgumentError as error:
+                raise InvalidArgumentError(f"replay: captured {name}: {error}; nothing was replayed") from None
+
+        graph.record(CapturedOp(name, run, check_again))
+
     # ----------------------------------------------------------------- capture
     def is_current_stream_capturing(self) -> bool:
         """True inside :meth:`capture` on this thread (the CPU device's current stream is per thread)."""
@@ -226,7 +250,7 @@ class CpuBackend(HiSparseBackend):
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[CpuGraph]:
-        """Capture this thread's swaps and gathers; yields a :class:`CpuGraph` to ``replay()`` after.
+        """Capture this thread's swaps, gathers and cache ops; yields a :class:`CpuGraph` to ``replay()`` after.
 
         Raises:
             CaptureMisuseError: already capturing on this thread (nested capture).
