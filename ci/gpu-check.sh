@@ -10,7 +10,8 @@
 # Precondition: the package is importable in the current python (pip install -e '.[test,cuda]', or
 # '.[test,rocm]' on AMD, done beforehand, with a GPU build of torch). Every step is bounded with `timeout`; a failing step is
 # recorded in summary.txt and the next step still runs. Exit status: 0 when every step passed.
-# Step limits (seconds) can be lowered to fit a device budget: GPU_CHECK_CONFORMANCE_S, GPU_CHECK_BENCH_S.
+# Step limits (seconds) can be lowered to fit a device budget: GPU_CHECK_CONFORMANCE_S, GPU_CHECK_BENCH_S,
+# GPU_CHECK_CACHE_OPS_S, GPU_CHECK_NO_SYNC_S, GPU_CHECK_SCENARIO_S.
 set -u
 
 backend="${1:-cuda}"
@@ -66,6 +67,11 @@ step info-json 120 hisparse-hal info --json
 step info 120 hisparse-hal info --backend "$backend"
 step conformance "${GPU_CHECK_CONFORMANCE_S:-360}" hisparse-hal conformance --backend "$backend" --report "$outdir/conformance"
 step bench "${GPU_CHECK_BENCH_S:-240}" hisparse-hal bench --backend "$backend" --json "$outdir/bench.json"
+# The cache ops on the device (Triton where installed, else torch) against the oracle at 64 requests, then the
+# gather-id check's sync rule under torch.cuda.set_sync_debug_mode("error") (skipped without a GPU).
+step cache-ops-bench "${GPU_CHECK_CACHE_OPS_S:-240}" hisparse-hal bench --cache-ops --backend "$backend" --requests 64 --json "$outdir/cache-ops-bench.json"
+step no-sync "${GPU_CHECK_NO_SYNC_S:-120}" "$python" -m pytest -q -p no:cacheprovider tests/test_gather_device_check.py tests/test_cache_ops_torch.py -k "sync"
+step scenario "${GPU_CHECK_SCENARIO_S:-180}" hisparse-hal scenario --ranks 2 --steps 1000 --backend "$backend" --json "$outdir/scenario.json"
 
 echo "finished: $(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$summary"
 cat "$summary"

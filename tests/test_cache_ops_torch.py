@@ -537,3 +537,25 @@ def test_invalidate_clears_every_occurrence_in_the_token_state_row_only() -> Non
     oracle.invalidate_written_slots(reference, *args)
     assert torch.equal(ours, reference)
     assert ours.tolist() == [[7, 3, 7, -1], [-1, -1, 2, 9], [5, -1, -1, 1]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU: torch.cuda.set_sync_debug_mode")
+def test_torch_ops_on_a_gpu_do_not_synchronize_under_sync_debug_mode_error() -> None:
+    from hisparse_hal.cache_ops.sequences import SequenceRun
+
+    sequence = build_sequence(7, SHAPES[0])
+    expected = run_sequence(oracle, sequence)
+    run = SequenceRun(sequence, "cuda")
+    for index, step in enumerate(sequence.steps):
+        io = run.tensors(step)  # built (and copied to the device) before the checked region
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            run.resolve(torch_impl, step, io)
+            run.gather(torch_impl, io)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert io.hot_indices.tolist() == expected[index].outputs["hot_indices"], f"step {index}"
+        assert run.dgi.tolist() == expected[index].dgi and run.lru.tolist() == expected[index].lru, f"step {index}"
+        run.plan(torch_impl, step)
+        run.mirror_and_invalidate(torch_impl, step, index)
