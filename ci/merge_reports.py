@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hisparse_hal.conformance.report import AREA_TITLES, AREAS, OUTCOMES, verdict
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 

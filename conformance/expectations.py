@@ -16,8 +16,9 @@ File format (``vendors/<name>/expectations.toml``)::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from hisparse_hal.errors import InvalidArgumentError
 

@@ -12,8 +12,9 @@ import multiprocessing
 import os
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -15,7 +15,7 @@ import json
 import os
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -7,7 +7,7 @@ the byte ranges of different layers never overlap.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

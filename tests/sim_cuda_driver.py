@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -18,7 +18,7 @@ import ctypes
 import dataclasses
 import os
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -388,7 +388,7 @@ class SimulatedIpcRing:
                 self.ring = ring
 
             @classmethod
-            def from_ipc_handle(cls, device: object, handle: bytes) -> "_Event":
+            def from_ipc_handle(cls, device: object, handle: bytes) -> _Event:
                 return cls(interprocess=True)
 
             def ipc_handle(self) -> bytes:

@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from broken_backends import BROKEN
 
 from hisparse_hal.conformance.report import AREAS, OUTCOMES
-
-from broken_backends import BROKEN
 
 TESTS_DIR = Path(__file__).resolve().parent
 

@@ -15,11 +15,11 @@ import time
 
 import pytest
 import torch
+
+from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError
 from hisparse_hal.vendors.cpu import ipc_event
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 from hisparse_hal.vendors.cpu.ipc_event import CpuIpcEvent
-
-from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError
 
 POOL_BYTES = 4096
 CYCLES = 1000

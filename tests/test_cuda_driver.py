@@ -17,8 +17,8 @@ from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError
 from hisparse_hal.regions import Region, RegionTable, SwapBatch
 from hisparse_hal.vendors.cuda.driver import (
     CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-    CUmemcpyAttributes,
     CudaDriver,
+    CUmemcpyAttributes,
     load_libcuda,
 )
 

@@ -10,6 +10,7 @@ import types
 
 import pytest
 import torch
+from sim_hip_runtime import SimulatedHipRuntime, SimulatedIpcRing, capturing, simulated_rocm_backend
 
 from hisparse_hal import KVCacheConfig, LayerSpec
 from hisparse_hal.errors import (
@@ -25,7 +26,6 @@ from hisparse_hal.vendors.rocm.backend import RocmBackend
 from hisparse_hal.vendors.rocm.hip_runtime import HipRuntime
 from hisparse_hal.vendors.rocm.ipc_cycles import CycleLimitedIpcEvent
 from hisparse_hal.vendors.torch_gpu import CopyRuntime, GpuIpcEvent
-from sim_hip_runtime import SimulatedHipRuntime, SimulatedIpcRing, capturing, simulated_rocm_backend
 
 BLOCK = 64  # bytes per block: block_size 4 rows x row_width 8 bf16 elements
 

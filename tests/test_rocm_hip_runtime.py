@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from sim_hip_runtime import RELEASES, SimulatedHipRuntime
 
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError, InvalidArgumentError
 from hisparse_hal.regions import Region, RegionTable
@@ -19,7 +20,6 @@ from hisparse_hal.vendors.rocm.hip_runtime import (
     load_hip_library,
     mapped_hip_libraries,
 )
-from sim_hip_runtime import RELEASES, SimulatedHipRuntime
 
 STREAM = 0x7000
 

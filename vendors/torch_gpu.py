@@ -15,7 +15,8 @@ import struct
 import time
 import uuid
 import warnings
-from typing import ContextManager, Iterator, Protocol, runtime_checkable
+from collections.abc import Iterator
+from typing import ContextManager, Protocol, runtime_checkable
 
 import torch
 
@@ -144,7 +145,7 @@ class GpuIpcEvent:
     ``torch_event`` is the wrapped event; ``record``/``wait``/``query`` forward to it.
     """
 
-    def __init__(self, torch_event: "torch.cuda.Event", device_index: int, timeout_s: float, imported: bool) -> None:
+    def __init__(self, torch_event: torch.cuda.Event, device_index: int, timeout_s: float, imported: bool) -> None:
         self.torch_event = torch_event
         self.device_index = device_index
         self.timeout_s = timeout_s
@@ -184,7 +185,7 @@ class GpuIpcEvent:
 class GpuCapturedGraph:
     """A ``torch.cuda.CUDAGraph`` captured by :meth:`TorchGpuBackend.capture`."""
 
-    def __init__(self, graph: "torch.cuda.CUDAGraph") -> None:
+    def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
         self.graph = graph
         self.complete = False
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-from hisparse_hal.conformance.arenas import synchronize
 
 from hisparse_hal.cache_ops import oracle
 from hisparse_hal.cache_ops.sequences import (
@@ -26,6 +25,7 @@ from hisparse_hal.cache_ops.sequences import (
     build_sequence,
     run_sequence,
 )
+from hisparse_hal.conformance.arenas import synchronize
 
 #: Generated sequences each backend's cache ops must match the oracle on (spread evenly over ``SHAPES``).
 CACHE_OPS_SEQUENCES = int(os.environ.get("HISPARSE_HAL_CACHE_OPS_SEQUENCES", "2000"))

@@ -13,9 +13,8 @@ import pytest
 import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's reductions, so shared tensors reach spawned peers
 
-from hisparse_hal.errors import HalError
-
 from hisparse_hal.conformance.ipc_peers import Peer
+from hisparse_hal.errors import HalError
 
 pytestmark = pytest.mark.needs("ipc_events")
 

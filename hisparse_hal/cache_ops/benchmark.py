@@ -15,7 +15,8 @@ import json
 import os
 import statistics
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -73,7 +74,7 @@ def _sync(device: torch.device) -> None:
 class _Step:
     """The tensors of one warmed decode step; :meth:`restore` puts the replacement state back."""
 
-    def __init__(self, case: CacheOpsCase, backend: "HiSparseBackend", seed: int = 0) -> None:
+    def __init__(self, case: CacheOpsCase, backend: HiSparseBackend, seed: int = 0) -> None:
         device = backend.device
         if case.context < case.top_k or case.context % BLOCK or case.slots % BLOCK:
             raise InvalidArgumentError(
@@ -164,7 +165,7 @@ def _median(fn: Callable[[], None], before: Callable[[], None], device: torch.de
 
 
 def bench_case(
-    case: CacheOpsCase, backend: "HiSparseBackend", implementations: dict[str, int]
+    case: CacheOpsCase, backend: HiSparseBackend, implementations: dict[str, int]
 ) -> list[CacheOpsFigure]:
     """Time each implementation (module name -> repeats) on one case, on ``backend``'s device; the torch
     implementation's result is the comparison point.
@@ -180,7 +181,7 @@ def bench_case(
         step.release()
 
 
-def _bench_step(step: "_Step", device: torch.device, implementations: dict[str, int]) -> list[CacheOpsFigure]:
+def _bench_step(step: _Step, device: torch.device, implementations: dict[str, int]) -> list[CacheOpsFigure]:
     case = step.case
     torch_ops = _implementation("torch_impl")
     step.resolve(torch_ops, step.warm_topk)  # warm the state: every request's first top-k is resident

@@ -14,12 +14,12 @@ import contextlib
 import ctypes
 import logging
 import threading
-from typing import Any, Callable, Iterator, Sequence
-
-from hisparse_hal.vendors.torch_gpu import nonempty_descriptors
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError
 from hisparse_hal.regions import SwapBatch
+from hisparse_hal.vendors.torch_gpu import nonempty_descriptors
 
 __all__ = [
     "CudaDriver",
