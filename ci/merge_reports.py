@@ -26,7 +26,8 @@ def load_report(spec: str) -> tuple[str | None, dict[str, Any], str]:
     Raises:
         SystemExit: the file is missing or not a conformance results document.
     """
-    label, sep, path_text = spec.partition("=")
+    given, sep, path_text = spec.partition("=")
+    label: str | None = given
     if not sep or Path(spec).exists():
         label, path_text = None, spec
     path = Path(path_text)

@@ -74,7 +74,7 @@ def test_cache_ops_equal_the_oracle_on_generated_multi_step_sequences(backend, c
         sequence = build_sequence(seed, shape)
         expected = run_sequence(oracle, sequence)
         actual = _backend_records(backend, cache_ops, sequence)
-        for step, (want, got) in enumerate(zip(expected, actual)):
+        for step, (want, got) in enumerate(zip(expected, actual, strict=True)):
             for field in dataclasses.fields(StepRecord):
                 assert getattr(got, field.name) == getattr(want, field.name), (
                     f"{cache_ops.implementation} cache ops differ from the oracle in {field.name} at step {step} "

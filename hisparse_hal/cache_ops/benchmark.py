@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -152,7 +153,7 @@ def _implementation(name: str) -> object:
     return importlib.import_module(f"hisparse_hal.cache_ops.{name}")
 
 
-def _median(fn: Callable[[], None], before: Callable[[], None], device: torch.device, repeats: int) -> float:
+def _median(fn: Callable[[], object], before: Callable[[], object], device: torch.device, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         before()
@@ -198,9 +199,9 @@ def _bench_step(step: _Step, device: torch.device, implementations: dict[str, in
         step.restore()
         step.resolve(ops, step.topk)  # warm-up (compiles Triton kernels) and correctness check
         result = step.result()
-        matches = all(torch.equal(a, b) for a, b in zip(result, reference))
-        resolve_s = _median(lambda: step.resolve(ops, step.topk), step.restore, device, repeats)
-        compact_s = _median(lambda: step.compact(ops), lambda: None, device, repeats)
+        matches = all(torch.equal(a, b) for a, b in zip(result, reference, strict=True))
+        resolve_s = _median(functools.partial(step.resolve, ops, step.topk), step.restore, device, repeats)
+        compact_s = _median(functools.partial(step.compact, ops), lambda: None, device, repeats)
         figures.append(CacheOpsFigure(case, name, resolve_s, compact_s, repeats, rows, one_copy, matches))
     return figures
 

@@ -9,7 +9,7 @@ the primary context torch also uses).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CudaBackend"]
 
+_Backend = TypeVar("_Backend", bound="CudaBackend")
+
 
 class CudaBackend(TorchGpuBackend):
     """NVIDIA GPUs through torch's CUDA build and the CUDA driver (``libcuda.so.1``).
@@ -35,7 +37,7 @@ class CudaBackend(TorchGpuBackend):
 
     @classmethod
     def for_device(
-        cls,
+        cls: type[_Backend],
         device_index: int,
         driver_version: int,
         arch: str,
@@ -43,7 +45,7 @@ class CudaBackend(TorchGpuBackend):
         runtime: CopyRuntime | None = None,
         device: torch.device | None = None,
         max_batch_descriptors: int | None = None,
-    ) -> CudaBackend:
+    ) -> _Backend:
         """A backend for CUDA device ``device_index`` with capabilities planned for its driver and arch.
 
         Args:

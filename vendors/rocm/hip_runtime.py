@@ -334,7 +334,7 @@ class HipRuntime:
         """
         memcpy = self._functions["hipMemcpyAsync"]
         dst, src, sizes, positions = nonempty_descriptors(batch)
-        for i, (d, s, n) in enumerate(zip(dst.tolist(), src.tolist(), sizes.tolist())):
+        for i, (d, s, n) in enumerate(zip(dst.tolist(), src.tolist(), sizes.tolist(), strict=True)):
             status = memcpy(d, s, n, HIP_MEMCPY_DEFAULT, stream)
             if status != HIP_SUCCESS:
                 index = int(positions[i]) if positions is not None else i
