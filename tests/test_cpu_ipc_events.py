@@ -375,7 +375,7 @@ def _soak_peer(handle: bytes, pool_path: str, cycles: int, conn) -> None:
     mine = backend.create_ipc_event()
     words = torch.from_file(pool_path, shared=True, size=2, dtype=torch.int64)
     conn.send(backend.export_event(mine))
-    bad = []
+    bad: list[tuple[str | int, int]] = []  # ("order", cycle) or (cycle, value read)
     for cycle in range(cycles):
         if _recv(conn) != cycle:
             bad.append(("order", cycle))

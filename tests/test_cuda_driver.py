@@ -284,7 +284,7 @@ def test_library_lacking_required_symbols_is_unavailable() -> None:
         CudaDriver(0, Empty()).driver_version()
 
 
-def test_missing_libcuda_lists_every_path_tried(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_missing_libcuda_lists_every_path_tried(tmp_path) -> None:
     paths = (str(tmp_path / "libcuda.so.1"), str(tmp_path / "lib64" / "libcuda.so.1"))
     with pytest.raises(BackendUnavailableError, match="cannot load the CUDA driver library; tried") as info:
         load_libcuda(paths)

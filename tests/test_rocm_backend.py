@@ -195,7 +195,7 @@ def test_device_addresses_translate_pinned_host_addresses_for_kernels_vectorized
     addresses = host.data_ptr() + torch.tensor([0, 5 * 4096 + 7, 63 * 4096 + 4095])
     aliases = backend.device_addresses(addresses)
     assert aliases.tolist() == (addresses + sim.alias_offset).tolist()
-    for alias, row, col in zip(aliases.tolist(), (0, 5, 63), (0, 7, 4095)):
+    for alias, row, col in zip(aliases.tolist(), (0, 5, 63), (0, 7, 4095), strict=True):
         assert sim.kernel_read(alias, 1) == bytes([int(host[row, col])])  # a kernel sees the host bytes there
 
 
