@@ -16,6 +16,9 @@ echo "== ruff"
 echo "== mypy"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
-"$python" -m pip install -q --no-deps --no-build-isolation --target "$scratch/site" . >/dev/null
+# Built from a copy: setuptools leaves a build/ folder behind, and a stale one keeps deleted modules.
+mkdir "$scratch/src"
+cp -R pyproject.toml README.md hisparse_hal vendors conformance "$scratch/src/"
+"$python" -m pip install -q --no-deps --no-build-isolation --target "$scratch/site" "$scratch/src" >/dev/null
 (cd "$scratch" && MYPYPATH="$scratch/site" "$python" -m mypy --config-file "$OLDPWD/pyproject.toml" -p hisparse_hal)
 MYPYPATH="$scratch/site:tests" "$python" -m mypy tests ci

@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hisparse_hal.conformance.report import AREA_TITLES, AREAS, OUTCOMES, verdict
 
@@ -25,7 +26,8 @@ def load_report(spec: str) -> tuple[str | None, dict[str, Any], str]:
     Raises:
         SystemExit: the file is missing or not a conformance results document.
     """
-    label, sep, path_text = spec.partition("=")
+    given, sep, path_text = spec.partition("=")
+    label: str | None = given
     if not sep or Path(spec).exists():
         label, path_text = None, spec
     path = Path(path_text)

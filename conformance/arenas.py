@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
+from hisparse_hal.regions import Region
 
 __all__ = [
     "CANARY_BYTES",
@@ -64,6 +65,8 @@ class GuardedBytes:
         self.size = size
         self.label = label
         self.inner = storage[start : start + size]
+        #: The swap region a test registered over these bytes with ``register_region``, until it unregisters it.
+        self.region: Region | None = None
         self._front = _canary(start, 1)
         self._back = _canary(storage.numel() - start - size, 2)
         storage[:start].copy_(self._front)

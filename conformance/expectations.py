@@ -16,8 +16,10 @@ File format (``vendors/<name>/expectations.toml``)::
 from __future__ import annotations
 
 import dataclasses
+import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from hisparse_hal.errors import InvalidArgumentError
 
@@ -28,11 +30,11 @@ _KEYS = {"id", "status", "reason", "architectures"}
 
 
 def _toml_loads(text: str, source: str) -> dict[str, Any]:
-    try:
-        import tomllib as toml  # Python >= 3.11
-    except ModuleNotFoundError:
+    if sys.version_info >= (3, 11):
+        import tomllib as toml
+    else:
         try:
-            import tomli as toml  # type: ignore[no-redef]
+            import tomli as toml
         except ModuleNotFoundError:
             raise InvalidArgumentError(
                 f"reading expectations file {source} needs Python >= 3.11 (tomllib) or the 'tomli' "

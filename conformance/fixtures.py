@@ -4,7 +4,8 @@ per-test stack that releases pinned pools and device caches when the test ends."
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

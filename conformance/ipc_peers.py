@@ -8,12 +8,14 @@ answer in time and says which peer and what it was waiting for.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -73,7 +75,7 @@ def _recv(conn: Connection, what: str) -> Any:
     return conn.recv()
 
 
-def _outcome(call: Callable[[], None]) -> dict[str, Any]:
+def _outcome(call: Callable[[], object]) -> dict[str, Any]:
     start = time.monotonic()
     try:
         call()
@@ -107,18 +109,27 @@ def _event_owner(backend: Any, conn: Connection) -> None:
             return
 
 
+def _wait_then_synchronize(event: Any) -> None:
+    event.wait()
+    event.synchronize()
+
+
+def _query_into(event: Any, seen: dict[str, bool]) -> None:
+    seen["query"] = bool(event.query())
+
+
 def _event_importer(backend: Any, conn: Connection) -> None:
-    event = None
-    own = None
+    event: Any = None  # the imported event, once the parent sends "import"
+    own: Any = None  # this process's own event, once the parent asks for "export"
     while True:
         msg = _recv(conn, "command")
         if msg["kind"] == "import":
             event = backend.import_event(backend.device, msg["handle"])
             conn.send({"kind": "imported", "query": bool(event.query())})
         elif msg["kind"] == "wait":
-            out = _outcome(lambda: (event.wait(), event.synchronize()))
+            out = _outcome(functools.partial(_wait_then_synchronize, event))
             seen: dict[str, bool] = {}
-            _outcome(lambda: seen.__setitem__("query", bool(event.query())))
+            _outcome(functools.partial(_query_into, event, seen))
             out["query_after"] = seen.get("query")
             conn.send({"kind": "waited", **out})
         elif msg["kind"] == "export":

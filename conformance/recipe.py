@@ -41,7 +41,7 @@ class BackendRecipe:
             )
 
     @classmethod
-    def resolve(cls, backend: str | None = None, factory: str | None = None) -> "BackendRecipe":
+    def resolve(cls, backend: str | None = None, factory: str | None = None) -> BackendRecipe:
         """The recipe for ``--backend``/``--factory``; neither means what ``get_backend()`` selects.
 
         Raises:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 __all__ = [
     "AREAS",

@@ -76,7 +76,7 @@ class SwapPlan:
                 within = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(starts, sizes)
                 target[torch.repeat_interleave(d_off, sizes) + within] = source[torch.repeat_interleave(s_off, sizes) + within]
             else:
-                for so, do, n in zip(s_off.tolist(), d_off.tolist(), sizes.tolist()):
+                for so, do, n in zip(s_off.tolist(), d_off.tolist(), sizes.tolist(), strict=True):
                     target[do : do + n] = source[so : so + n]
         return after
 
@@ -85,7 +85,7 @@ class SwapPlan:
         index = 0
         for _, _, dst, d_off, sizes in self._groups:
             if dst is arena and d_off.numel() <= 100_000:
-                out.extend((index + i, o, s) for i, (o, s) in enumerate(zip(d_off.tolist(), sizes.tolist())))
+                out.extend((index + i, o, s) for i, (o, s) in enumerate(zip(d_off.tolist(), sizes.tolist(), strict=True)))
             index += int(sizes.numel())
         return out
 

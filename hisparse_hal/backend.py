@@ -9,10 +9,12 @@ members; a member it does not implement raises ``UnsupportedCapabilityError`` na
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -50,7 +52,7 @@ class CacheOps:
     (:meth:`HiSparseBackend.device_view_of_host`), so every tensor they see is on the backend's device.
     """
 
-    backend: "HiSparseBackend"
+    backend: HiSparseBackend
     runtime: Any
 
     @property
@@ -211,7 +213,7 @@ class HiSparseBackend:
         self._explicit: dict[int, Region] = {}
 
     @classmethod
-    def from_probe(cls, probe: "ProbeResult") -> "HiSparseBackend":
+    def from_probe(cls, probe: ProbeResult) -> HiSparseBackend:
         """Construct from the probe result that selected this backend (its facts: versions, devices)."""
         return cls()
 
@@ -553,7 +555,7 @@ class HiSparseBackend:
         device context."""
         raise self._unsupported("is_current_stream_capturing")
 
-    def capture(self) -> ContextManager[CapturedGraph]:
+    def capture(self) -> contextlib.AbstractContextManager[CapturedGraph]:
         """A context manager that captures this backend's work on the current stream and yields a graph
         with ``replay()``; ``is_current_stream_capturing()`` is True inside it.
 

@@ -7,7 +7,8 @@ draws on the non-interactive Agg canvas, so no display is needed.
 from __future__ import annotations
 
 import textwrap
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .errors import BackendUnavailableError
 
@@ -24,7 +25,7 @@ def _block_label(size: int) -> str:
     return f"{size} B"
 
 
-def plot_swaps(figures: Sequence["SwapFigure"], path: str, title: str) -> None:
+def plot_swaps(figures: Sequence[SwapFigure], path: str, title: str) -> None:
     """Write a PNG of GB/s against block size (log scale) for our swaps, the plain loop and one copy.
 
     Args:

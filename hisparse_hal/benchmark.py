@@ -11,11 +11,12 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import json
 import os
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -107,7 +108,7 @@ def _loop_alternative(backend: HiSparseBackend, src: torch.Tensor, dst: torch.Te
             finally:
                 backend.batch_copy_mode = previous
         return loop, "runtime per-copy loop"
-    triples = list(zip(src.tolist(), dst.tolist(), sizes.tolist()))
+    triples = list(zip(src.tolist(), dst.tolist(), sizes.tolist(), strict=True))
 
     def memmoves() -> None:
         for s, d, n in triples:
@@ -131,11 +132,12 @@ def bench_swaps(backend: HiSparseBackend, total_bytes: int, repeats: int) -> lis
             src = source.data_ptr() + torch.arange(count, dtype=torch.int64) * block
             dst = host.data_ptr() + order.to(torch.int64) * block
             sizes = torch.full((count,), block, dtype=torch.int64)
-            ours = _median_seconds(lambda: backend.swap_blocks_batch(src, dst, sizes), backend.device, repeats)
+            ours = _median_seconds(functools.partial(backend.swap_blocks_batch, src, dst, sizes), backend.device, repeats)
             loop_fn, loop_kind = _loop_alternative(backend, src, dst, sizes)
             loop = _median_seconds(loop_fn, backend.device, repeats)
-            one = _median_seconds(lambda: host.copy_(source, non_blocking=True), backend.device, repeats)
-            check = _median_seconds(lambda: backend.regions.check_swap_batch(src, dst, sizes), torch.device("cpu"), repeats)
+            one = _median_seconds(functools.partial(host.copy_, source, non_blocking=True), backend.device, repeats)
+            check_batch = functools.partial(backend.regions.check_swap_batch, src, dst, sizes)
+            check = _median_seconds(check_batch, torch.device("cpu"), repeats)
             expected = source.cpu().view(count, block)[torch.argsort(order)]
             backend.swap_blocks_batch(src, dst, sizes)
             _sync(backend.device)
@@ -162,9 +164,10 @@ def bench_gathers(backend: HiSparseBackend, repeats: int) -> list[GatherFigure]:
         ours_out = torch.empty(rows, DS_MLA_ROW, dtype=torch.uint8, device=backend.device)
         ref_out = torch.empty_like(ours_out)
         flat = source.view(-1)[: rows * DS_MLA_ROW].view(rows, DS_MLA_ROW)
-        ours = _median_seconds(lambda: backend.gather_resident_rows(source, ours_out, ids), backend.device, repeats)
-        ref = _median_seconds(lambda: reference_gather_rows(source, ref_out, ids), backend.device, repeats)
-        one = _median_seconds(lambda: ours_out.copy_(flat), backend.device, repeats)
+        ours = _median_seconds(functools.partial(backend.gather_resident_rows, source, ours_out, ids), backend.device,
+                               repeats)
+        ref = _median_seconds(functools.partial(reference_gather_rows, source, ref_out, ids), backend.device, repeats)
+        one = _median_seconds(functools.partial(ours_out.copy_, flat), backend.device, repeats)
         backend.gather_resident_rows(source, ours_out, ids)
         reference_gather_rows(source, ref_out, ids)
         _sync(backend.device)

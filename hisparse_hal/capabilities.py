@@ -7,8 +7,9 @@ its version quirks in one pure function that returns a ``Capabilities``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Literal, Mapping
+from typing import Literal
 
 import torch
 

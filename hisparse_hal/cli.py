@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .errors import BackendUnavailableError
 from .registry import format_probe_table, probe_backends, select_backend

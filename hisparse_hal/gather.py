@@ -100,7 +100,7 @@ def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
     start = tensor.data_ptr()
     if tensor.numel() == 0:
         return start, start
-    extent = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    extent = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
     return start, start + (extent + 1) * tensor.element_size()
 
 

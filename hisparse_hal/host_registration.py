@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import math
 import mmap
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .errors import InvalidArgumentError
 from .settings import positive_setting

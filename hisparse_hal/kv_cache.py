@@ -7,7 +7,8 @@ the byte ranges of different layers never overlap.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+import itertools
+from collections.abc import Mapping
 
 import torch
 
@@ -192,7 +193,7 @@ def build_views(config: KVCacheConfig, kv_caches: Mapping[str, object], device: 
         start = tensor.data_ptr() + layer.offset_bytes
         spans.append((start, start + config.layer_bytes, layer.name))
     spans.sort()
-    for (_s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:]):
+    for (_s0, e0, n0), (s1, _e1, n1) in itertools.pairwise(spans):
         if s1 < e0:
             raise InvalidArgumentError(
                 f"KV cache layers {n0!r} and {n1!r} overlap by {e0 - s1} bytes; per-layer offsets "

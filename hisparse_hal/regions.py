@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -90,7 +90,7 @@ class SwapBatch:
         low, high = self.size_bounds()
         return low if low == high else None
 
-    def chunks(self, cap: int | None) -> Iterator["SwapBatch"]:
+    def chunks(self, cap: int | None) -> Iterator[SwapBatch]:
         """Split into consecutive batches of at most ``cap`` descriptors (one batch when cap is None)."""
         if cap is None or self.count <= cap:
             yield self

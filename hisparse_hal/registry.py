@@ -14,8 +14,9 @@ import logging
 import os
 import threading
 import traceback
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .errors import BackendUnavailableError
 
@@ -72,7 +73,7 @@ class BackendSpec:
     backend_class: str
     fallback_only: bool = False
 
-    def load_class(self) -> type["HiSparseBackend"]:
+    def load_class(self) -> type[HiSparseBackend]:
         """Import and return the backend class."""
         module_name, _, attr = self.backend_class.partition(":")
         return getattr(importlib.import_module(module_name), attr)
@@ -231,11 +232,11 @@ def select_backend(name: str | None = None, results: list[ProbeResult] | None = 
     return Selection(chosen, why, tuple(results))
 
 
-_cache: dict[str, "HiSparseBackend"] = {}
+_cache: dict[str, HiSparseBackend] = {}
 _cache_lock = threading.Lock()
 
 
-def get_backend(name: str | None = None) -> "HiSparseBackend":
+def get_backend(name: str | None = None) -> HiSparseBackend:
     """The backend for this process (constructed once per name, then cached).
 
     Args:

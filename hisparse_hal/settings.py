@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from .errors import InvalidArgumentError
 

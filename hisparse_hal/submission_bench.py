@@ -11,13 +11,15 @@ from __future__ import annotations
 import bisect
 import ctypes
 import dataclasses
+import functools
 import importlib
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -74,7 +76,10 @@ def load_simulator(module: str) -> ModuleType:
     return importlib.import_module(module)
 
 
-def _fixed_stream(backend_class: type[HiSparseBackend]) -> type[HiSparseBackend]:
+_Backend = TypeVar("_Backend", bound=HiSparseBackend)
+
+
+def _fixed_stream(backend_class: type[_Backend]) -> type[_Backend]:
     """``backend_class`` with torch's stream and capture state replaced (no torch.cuda on the CPU)."""
 
     class OnSimulatedStream(backend_class):  # type: ignore[valid-type, misc]
@@ -143,7 +148,7 @@ def plain_marshalling(
     """
     starts = [start for start, _ in regions]
     out_dst, out_src, out_sizes = [], [], []
-    for i, (s, d, n) in enumerate(zip(src, dst, sizes)):
+    for i, (s, d, n) in enumerate(zip(src, dst, sizes, strict=True)):
         for address in (s, d):
             k = bisect.bisect_right(starts, address) - 1
             if n < 0 or k < 0 or address + n > regions[k][1]:
@@ -208,10 +213,10 @@ def bench_submission(repeats: int = 200, counts: tuple[int, ...] = SUBMISSION_CO
                 dst = host.data_ptr() + torch.randperm(largest, generator=generator)[:count] * _BLOCK
                 sizes = torch.full((count,), _BLOCK, dtype=torch.int64)
                 stub.calls = 0
-                best, median = _times_us(lambda: backend.swap_blocks_batch(src, dst, sizes), repeats)
+                best, median = _times_us(functools.partial(backend.swap_blocks_batch, src, dst, sizes), repeats)
                 calls = stub.calls // (repeats + 1)
                 lists = src.tolist(), dst.tolist(), sizes.tolist()
-                _, plain = _times_us(lambda: plain_marshalling(table, *lists), max(3, repeats // 20))
+                _, plain = _times_us(functools.partial(plain_marshalling, table, *lists), max(3, repeats // 20))
                 figures.append(SubmissionFigure(label, count, calls, best, median, plain))
             # Sources spread over four regions (four cache layers, say): the span test fails for that side
             # and the per-descriptor searchsorted check runs.
@@ -225,9 +230,9 @@ def bench_submission(repeats: int = 200, counts: tuple[int, ...] = SUBMISSION_CO
             dst = host.data_ptr() + torch.randperm(largest, generator=generator)[:count] * _BLOCK
             sizes = torch.full((count,), _BLOCK, dtype=torch.int64)
             stub.calls = 0
-            best, median = _times_us(lambda: backend.swap_blocks_batch(src, dst, sizes), repeats)
+            best, median = _times_us(functools.partial(backend.swap_blocks_batch, src, dst, sizes), repeats)
             lists = src.tolist(), dst.tolist(), sizes.tolist()
-            _, plain = _times_us(lambda: plain_marshalling(table, *lists), max(3, repeats // 20))
+            _, plain = _times_us(functools.partial(plain_marshalling, table, *lists), max(3, repeats // 20))
             figures.append(SubmissionFigure(f"{label}, sources in 4 regions", count, stub.calls // (repeats + 1),
                                             best, median, plain))
             for layer in layers:

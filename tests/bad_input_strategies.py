@@ -257,7 +257,8 @@ def bad_registrations(draw: st.DrawFn, world: World, kind: str) -> BadCall:
     host = world.host.tensor
     pinned_lo = world.pool.data_ptr() - host.data_ptr()
     pinned_hi = pinned_lo + world.pool.numel() + world.neighbour.numel()
-    member, args, error = "pin_tensor", (), InvalidArgumentError
+    member, error = "pin_tensor", InvalidArgumentError
+    args: tuple[Any, ...]
     expect: tuple[str, ...]
     if kind == "pin_overlapping":
         lo = draw(st.integers(0, pinned_hi - 1))
@@ -330,8 +331,8 @@ def _bad_region(draw: st.DrawFn, kind: str, world: World) -> tuple[Any, Any, tup
     assert kind == "region_not_an_int", kind
     bad = draw(st.sampled_from([1.5, "0x1000", None, True, False, torch.tensor(4096)]))
     which = draw(st.sampled_from(["address", "size"]))
-    address, size = (bad, 64) if which == "address" else (free, bad)
-    return address, size, (f"got {address!r}, {size!r}",)
+    pair: tuple[object, object] = (bad, 64) if which == "address" else (free, bad)
+    return pair[0], pair[1], (f"got {pair[0]!r}, {pair[1]!r}",)
 
 
 @dataclasses.dataclass

@@ -6,17 +6,18 @@ every registration table, so a test can prove that a rejected call changed nothi
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
-from hisparse_hal.vendors.cpu.backend import CpuBackend
-from hisparse_hal.vendors.cuda.backend import CudaBackend
-from hisparse_hal.vendors.cuda.driver import CudaDriver
 from sim_cuda_driver import SimulatedCudaDriver
 from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 
 from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.regions import Region
+from hisparse_hal.vendors.cpu.backend import CpuBackend
+from hisparse_hal.vendors.cuda.backend import CudaBackend
+from hisparse_hal.vendors.cuda.driver import CudaDriver
 
 __all__ = ["BACKENDS", "GUARD", "Arena", "World", "build_world"]
 

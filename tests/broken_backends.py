@@ -12,7 +12,7 @@ import dataclasses
 import torch
 
 from hisparse_hal.capabilities import Capabilities
-from hisparse_hal.host_registration import HostChunk, HostRegistration, PAGE_BYTES, plan_host_chunks
+from hisparse_hal.host_registration import PAGE_BYTES, HostChunk, HostRegistration, plan_host_chunks
 from hisparse_hal.regions import Region, SwapBatch
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 from hisparse_hal.vendors.cpu.byte_copy import move_swap_batch

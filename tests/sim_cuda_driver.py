@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -108,6 +109,10 @@ class SimulatedCudaDriver:
         host_pointer_usable: the value of device attribute 91 (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM).
         device_pointer_error: an error name every ``cuMemHostGetDevicePointer`` returns (None: none).
     """
+
+    # Two of the function pointers __init__ sets (one per PROTOTYPES entry), declared for the tests that call them.
+    cuGetProcAddress_v2: Callable[..., int]
+    cuCtxPushCurrent_v2: Callable[..., int]
 
     def __init__(
         self,
@@ -206,7 +211,7 @@ class SimulatedCudaDriver:
         return False
 
     @staticmethod
-    def _write_pointer(where: int | None, value: int) -> None:
+    def _write_pointer(where: int | None, value: int | None) -> None:
         if where:
             ctypes.c_void_p.from_address(where).value = value
 
@@ -371,10 +376,10 @@ class SimulatedCudaDriver:
                 ctypes.memmove(d[i], s[i], n[i])
         return 0
 
-    def _batch_12080(self, dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, fail_idx, stream) -> int:  # type: ignore[no-untyped-def]
+    def _batch_12080(self, dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, fail_idx, stream) -> int:
         return self._batch(12080, dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, fail_idx, stream)
 
-    def _batch_13000(self, dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, stream) -> int:  # type: ignore[no-untyped-def]
+    def _batch_13000(self, dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, stream) -> int:
         return self._batch(13000, dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, None, stream)
 
     def _cuMemHostRegister_v2(self, address: int | None, size: int, flags: int) -> int:

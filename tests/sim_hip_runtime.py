@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import itertools
 import os
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -296,7 +298,7 @@ class SimulatedHipRuntime:
         src_list = list((ctypes.c_uint64 * count).from_address(srcs))
         size_list = list((ctypes.c_uint64 * count).from_address(sizes))
         queued: list[tuple[int, int, int]] = []
-        for i, (dst, src, size) in enumerate(zip(dst_list, src_list, size_list)):
+        for i, (dst, src, size) in enumerate(zip(dst_list, src_list, size_list, strict=True)):
             problem = self._copy_error(dst, src, size)
             if problem:
                 self.last_error_detail = f"copy {i}: {problem}"
@@ -318,7 +320,7 @@ class SimulatedHipRuntime:
             return None
         entries = (HipMemcpyAttributes * num_attrs).from_address(attrs)
         starts = list((ctypes.c_size_t * num_attrs).from_address(attrs_idxs))
-        if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= count:
+        if starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)) or starts[-1] >= count:
             self.last_error_detail = f"attrsIdxs {starts} must start at 0 and increase below {count}"
             return None
         if any(not 1 <= entry.srcAccessOrder <= 3 for entry in entries):
@@ -388,7 +390,7 @@ class SimulatedIpcRing:
                 self.ring = ring
 
             @classmethod
-            def from_ipc_handle(cls, device: object, handle: bytes) -> "_Event":
+            def from_ipc_handle(cls, device: object, handle: bytes) -> _Event:
                 return cls(interprocess=True)
 
             def ipc_handle(self) -> bytes:
@@ -413,6 +415,10 @@ class _SimulatedRocmBackendMixin:
 
     simulated_stream = 0x5000
     simulated_capturing = False
+    simulator: SimulatedHipRuntime  # set by simulated_rocm_backend
+
+    if TYPE_CHECKING:  # provided by the backend class this is mixed into (TorchGpuBackend)
+        def device_address_of_host(self, host_tensor: torch.Tensor) -> int: ...
 
     def _current_stream_handle(self) -> int:
         return self.simulated_stream

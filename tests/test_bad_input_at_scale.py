@@ -164,7 +164,7 @@ def _in_order_image(world: World, rows: list[tuple[int, int, int]]) -> list[torc
     images = [arena.snapshot.clone() for arena in world.arenas]
 
     def locate(address: int, size: int) -> tuple[torch.Tensor, int]:
-        for arena, image in zip(world.arenas, images):
+        for arena, image in zip(world.arenas, images, strict=True):
             base = arena.tensor.data_ptr()
             if base <= address and address + size <= base + arena.tensor.numel():
                 return image, address - base
@@ -182,7 +182,7 @@ def _check_overlapping(world: World, batch: Overlapping) -> None:
     try:
         world.backend.swap_blocks_batch(*batch.tensors())
         expected = _in_order_image(world, batch.rows)
-        for arena, image in zip(world.arenas, expected):
+        for arena, image in zip(world.arenas, expected, strict=True):
             written = torch.zeros(arena.tensor.numel(), dtype=torch.bool)
             base = arena.tensor.data_ptr()
             for _, dst, size in batch.rows:

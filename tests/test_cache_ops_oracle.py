@@ -449,12 +449,12 @@ def test_generated_sequences_keep_the_section_10_3_invariants(sequence: Any) -> 
         check.after(io)
         untouched = run.staging.clone()
         run.plan(oracle, step)
-        for c, (g, m) in enumerate(zip(step.plan_rows, step.plan_mask)):
+        for c, (g, m) in enumerate(zip(step.plan_rows, step.plan_mask, strict=True)):
             expected = untouched[c] if not m or g < 0 else (
                 run.host[g] if g < sequence.host_rows else torch.zeros_like(untouched[c]))
             assert torch.equal(run.staging[c], expected)
         run.mirror_and_invalidate(oracle, step, index)
-        for t, w in zip(step.written_tokens, step.written_slots):
+        for t, w in zip(step.written_tokens, step.written_slots, strict=True):
             if 0 <= t < len(step.request_state_indices) and step.request_state_indices[t] >= 0 and w >= 0:
                 assert w not in run.dgi[step.request_state_indices[t]].tolist()
 

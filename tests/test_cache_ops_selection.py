@@ -17,7 +17,6 @@ from sim_cuda_driver import SimulatedCudaDriver  # noqa: E402
 from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend  # noqa: E402
 
 from hisparse_hal.cache_ops import oracle  # noqa: E402
-from hisparse_hal.cache_ops.sequences import SHAPES, build_sequence, run_sequence  # noqa: E402
 from hisparse_hal.cache_ops.selection import (  # noqa: E402
     CACHE_OPS_ENV,
     TritonFacts,
@@ -26,6 +25,7 @@ from hisparse_hal.cache_ops.selection import (  # noqa: E402
     probe_triton,
     with_cache_ops,
 )
+from hisparse_hal.cache_ops.sequences import SHAPES, build_sequence, run_sequence  # noqa: E402
 from hisparse_hal.capabilities import Capabilities  # noqa: E402
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError  # noqa: E402
 from hisparse_hal.vendors.cpu.backend import CpuBackend  # noqa: E402

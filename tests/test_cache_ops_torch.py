@@ -259,7 +259,7 @@ def test_torch_ops_read_no_device_value_on_the_host_over_three_steps() -> None:
 
 def _first_difference(ours: list[StepRecord], reference: list[StepRecord]) -> str:
     """Where two recordings of one sequence first differ (step and field), for a readable failure."""
-    for step, (a, b) in enumerate(zip(ours, reference)):
+    for step, (a, b) in enumerate(zip(ours, reference, strict=False)):
         for field in ("outputs", "dgi", "lru", "stats", "error_flags", "hot_bytes", "staging_bytes",
                       "dgi_after_invalidate"):
             mine, theirs = getattr(a, field), getattr(b, field)

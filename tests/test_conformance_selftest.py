@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from broken_backends import BROKEN
 
 from hisparse_hal.conformance.report import AREAS, OUTCOMES
-
-from broken_backends import BROKEN
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -85,6 +84,7 @@ def test_conformance_fails_a_broken_backend_in_its_area(tmp_path, name):
 def test_a_failed_probe_tier_skips_the_rest_with_a_reason_under_xdist(tmp_path):
     done, doc = _conformance(tmp_path, "--factory", "broken_backends:UnstableCapabilities", "-n", "2", "-k", "probe or stats or gathers")
     assert done.returncode == 1, _tail(done)
+    assert doc is not None, _tail(done)
     areas = _by_area(doc)
     assert areas["probe"]["failed"] == 1
     later = [t for t in doc["tests"] if t["area"] in ("stats", "gathers")]
@@ -123,6 +123,7 @@ reason = "stale entry"
 """)
     done, doc = _conformance(tmp_path, "--backend", "cpu", "--expectations", str(path), "-k", "test_stats")
     assert done.returncode == 1, _tail(done)
+    assert doc is not None, _tail(done)
     outcome = {t["id"].split("::")[1]: t for t in doc["tests"]}
     assert outcome["test_stats_dtype_is_a_64_bit_integer_and_matches_capabilities"]["outcome"] == "xpassed"
     assert outcome["test_new_stats_counter_is_zeroed_on_the_device"]["outcome"] == "skipped"
@@ -143,10 +144,12 @@ reason = "planted: -1 reads the last row"
     args = ("--factory", "broken_backends:GatherMinusOneReadsLastRow", "--expectations", str(path), "-k", "reads_row_zero")
     done, doc = _conformance(tmp_path, *args)
     assert done.returncode == 0, _tail(done)
+    assert doc is not None, _tail(done)
     assert doc["summary"]["xfailed"] == 2 and doc["summary"]["failed"] == 0
     stale = _expectations(tmp_path, path.read_text() + '\n[[expectations]]\nid = "test_gone.py"\nstatus = "skip"\nreason = "stale"\n')
     done, doc = _conformance(tmp_path, *args[:2], "--expectations", str(stale), "-k", "reads_row_zero", "--strict")
     assert done.returncode != 0, _tail(done)
+    assert doc is not None, _tail(done)
     assert doc["expectations"]["unmatched"] and doc["expectations"]["strict"] is True
 
 
@@ -179,6 +182,7 @@ def test_a_backend_that_crashes_the_process_is_reported_in_the_test_that_crashed
     done, doc = _conformance(tmp_path, "--factory", "broken_backends:SwapCrashesTheProcess", "-k", "test_stats or test_swap_batch_of_n")
     assert done.returncode == 1, _tail(done)
     assert "the test process died" in done.stderr and "resuming" in done.stderr
+    assert doc is not None, _tail(done)
     crashed = [t for t in doc["tests"] if "died" in t["reason"]]
     assert len(crashed) == 6 and all(t["area"] == "swaps" and t["outcome"] == "failed" for t in crashed)
     assert "incomplete" not in doc

@@ -8,6 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _merge_module():
     spec = importlib.util.spec_from_file_location("merge_reports", REPO / "ci" / "merge_reports.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -51,8 +53,11 @@ architectures = ["gfx942"]
     found = load_expectations(path)
     assert [e.status for e in found.entries] == ["skip", "xfail"]
     cycles = "test_ipc.py::test_ipc_event_survives_1000_record_wait_cycles"
-    assert found.lookup(cycles, ["gfx942"]).status == "xfail", "the longest matching id wins"
-    assert found.lookup(cycles, ["sm_90"]).status == "skip", "an entry limited to other architectures does not apply"
+    longest, other_arch = found.lookup(cycles, ["gfx942"]), found.lookup(cycles, ["sm_90"])
+    assert longest is not None and longest.status == "xfail", "the longest matching id wins"
+    assert other_arch is not None and other_arch.status == "skip", (
+        "an entry limited to other architectures does not apply"
+    )
     assert found.lookup("test_swaps.py::test_x", []) is None
     assert found.needs_architectures()
     assert [e.id for e in found.unmatched(["test_swaps.py::test_x"])] == ["test_ipc.py", cycles]
@@ -111,7 +116,7 @@ def test_ids_and_areas_do_not_depend_on_where_the_suite_is_installed():
 
 def test_collector_gives_every_test_one_outcome():
     collector = ResultCollector()
-    phases = {
+    phases: dict[str, list[tuple[Any, ...]]] = {
         "t/test_swaps.py::ok": [("setup", "passed"), ("call", "passed"), ("teardown", "passed")],
         "t/test_swaps.py::bad": [("setup", "passed"), ("call", "failed", "AssertionError: 3 bytes differ"), ("teardown", "passed")],
         "t/test_pinning.py::setup_error": [("setup", "failed", "RuntimeError: no pool"), ("teardown", "passed")],

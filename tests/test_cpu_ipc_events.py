@@ -15,11 +15,11 @@ import time
 
 import pytest
 import torch
+
+from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError
 from hisparse_hal.vendors.cpu import ipc_event
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 from hisparse_hal.vendors.cpu.ipc_event import CpuIpcEvent
-
-from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError
 
 POOL_BYTES = 4096
 CYCLES = 1000
@@ -375,7 +375,7 @@ def _soak_peer(handle: bytes, pool_path: str, cycles: int, conn) -> None:
     mine = backend.create_ipc_event()
     words = torch.from_file(pool_path, shared=True, size=2, dtype=torch.int64)
     conn.send(backend.export_event(mine))
-    bad = []
+    bad: list[tuple[str | int, int]] = []  # ("order", cycle) or (cycle, value read)
     for cycle in range(cycles):
         if _recv(conn) != cycle:
             bad.append(("order", cycle))

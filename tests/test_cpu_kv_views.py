@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ def backend() -> CpuBackend:
 def _mla(layers=("l0", "l1"), offsets=None, num_blocks=4, block_size=2, row_width=656) -> KVCacheConfig:
     offsets = offsets or [i * num_blocks * block_size * row_width for i in range(len(layers))]
     return KVCacheConfig("fp8_ds_mla", num_blocks, block_size, row_width,
-                         tuple(LayerSpec(name, off) for name, off in zip(layers, offsets)))
+                         tuple(LayerSpec(name, off) for name, off in zip(layers, offsets, strict=True)))
 
 
 @pytest.mark.parametrize("fmt", sorted(DTYPES))
@@ -48,7 +50,7 @@ def test_views_of_layers_sharing_one_allocation_share_storage_and_never_overlap(
         view = kv_caches[name]
         assert view.untyped_storage().data_ptr() == shared.untyped_storage().data_ptr()
         spans.append((view.data_ptr(), view.data_ptr() + config.layer_bytes))
-    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
     kv_caches["l1"].fill_(7)  # writing one layer leaves the others alone
     assert kv_caches["l0"].eq(0).all() and kv_caches["l2"].eq(0).all()
     assert forward_context == {"untouched": True}

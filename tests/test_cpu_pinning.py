@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -207,11 +208,18 @@ def test_pin_rolls_back_every_chunk_when_one_fails(backend, monkeypatch, failing
 
 def test_failed_lock_is_undone_without_unlocking_a_neighbours_shared_page():
     calls: list[tuple[str, int, int]] = []
+
+    def recorded(name: str, result: int) -> Callable[[int, int], int]:
+        def call(address: int, size: int) -> int:
+            calls.append((name, address, size))
+            return result
+        return call
+
     locker = PageLocker()
-    locker.mlock = lambda address, size: calls.append(("mlock", address, size)) or 0
-    locker.munlock = lambda address, size: calls.append(("munlock", address, size)) or 0
+    locker.mlock = recorded("mlock", 0)
+    locker.munlock = recorded("munlock", 0)
     assert locker.lock(0x10000 + 100, PAGE)  # pages 0x10000 and 0x10000 + PAGE
-    locker.mlock = lambda address, size: calls.append(("mlock", address, size)) or errno.EAGAIN
+    locker.mlock = recorded("mlock", errno.EAGAIN)
     assert not locker.lock(0x10000 + PAGE + 200, 2 * PAGE)  # shares the page at 0x10000 + PAGE
     assert calls[-1] == ("munlock", 0x10000 + 2 * PAGE, 2 * PAGE)
     locker.unlock(0x10000 + 100, PAGE)

@@ -49,7 +49,7 @@ def cache_and_pool(backend):
 
 def _oracle(memory: bytearray, base: int, src, dst, sizes) -> None:
     """Descriptors one after another, each like memmove, on a Python copy of the bytes."""
-    for s, d, n in zip(src, dst, sizes):
+    for s, d, n in zip(src, dst, sizes, strict=True):
         memory[d - base:d - base + n] = bytes(memory[s - base:s - base + n])
 
 
@@ -93,7 +93,7 @@ def test_swap_with_unaligned_offsets_is_vectorized_in_smaller_pieces(backend, mo
     expected = bytearray(_host_bytes(memory)) + bytearray(_host_bytes(out))
     base = memory.data_ptr()
     got = _host_bytes(out)
-    for s, d in zip(src.tolist(), dst.tolist()):
+    for s, d in zip(src.tolist(), dst.tolist(), strict=True):
         assert got[d - out.data_ptr():d - out.data_ptr() + 999] == bytes(expected[s - base:s - base + 999])
     assert out[:7].eq(0).all()
 
@@ -263,7 +263,7 @@ def _permuted_batches(draw):
     sizes = sizes[:count]
     slots = random.Random(draw(st.integers(0, 2**32))).sample(range(ARENA // slot), count)
     shift = draw(st.integers(0, 3))
-    dst = [s * slot + min(shift, slot - n) for s, n in zip(slots, sizes)]
+    dst = [s * slot + min(shift, slot - n) for s, n in zip(slots, sizes, strict=True)]
     src = [draw(st.integers(0, ARENA - n)) for n in sizes]
     return src, dst, sizes
 
@@ -299,7 +299,7 @@ def test_generated_swaps_between_two_regions_match_the_oracle(case, seed, min_gr
     backend.register_region(target.data_ptr(), ARENA, "target")
     expected = bytearray(_host_bytes(target))
     data = _host_bytes(source)
-    for s, d, n in zip(src_off, dst_off, sizes):
+    for s, d, n in zip(src_off, dst_off, sizes, strict=True):
         expected[d:d + n] = data[s:s + n]
     with _vector_threshold(min_group):
         backend.swap_blocks_batch(_i64([source.data_ptr() + s for s in src_off]),

@@ -17,8 +17,8 @@ from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError
 from hisparse_hal.regions import Region, RegionTable, SwapBatch
 from hisparse_hal.vendors.cuda.driver import (
     CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-    CUmemcpyAttributes,
     CudaDriver,
+    CUmemcpyAttributes,
     load_libcuda,
 )
 
@@ -284,7 +284,7 @@ def test_library_lacking_required_symbols_is_unavailable() -> None:
         CudaDriver(0, Empty()).driver_version()
 
 
-def test_missing_libcuda_lists_every_path_tried(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_missing_libcuda_lists_every_path_tried(tmp_path) -> None:
     paths = (str(tmp_path / "libcuda.so.1"), str(tmp_path / "lib64" / "libcuda.so.1"))
     with pytest.raises(BackendUnavailableError, match="cannot load the CUDA driver library; tried") as info:
         load_libcuda(paths)

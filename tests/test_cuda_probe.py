@@ -33,10 +33,10 @@ def fake_pynvml(
 ) -> types.ModuleType:
     """A stand-in for ``pynvml`` that records init/shutdown."""
     gpus = gpus if gpus is not None else [("NVIDIA H200", (9, 0)), ("NVIDIA A100-SXM4-80GB", (8, 0)), ("NVIDIA L40S", (8, 9))]
-    module = types.ModuleType("pynvml")
+    module: Any = types.ModuleType("pynvml")  # a stand-in whose attributes are set below
     state: dict[str, Any] = {"init": 0, "shutdown": 0}
-    module.state = state  # type: ignore[attr-defined]
-    module.NVMLError = FakeNvmlError  # type: ignore[attr-defined]
+    module.state = state
+    module.NVMLError = FakeNvmlError
 
     def init() -> None:
         state["init"] += 1
@@ -46,15 +46,15 @@ def fake_pynvml(
     def shutdown() -> None:
         state["shutdown"] += 1
 
-    module.nvmlInit = init  # type: ignore[attr-defined]
-    module.nvmlShutdown = shutdown  # type: ignore[attr-defined]
-    module.nvmlSystemGetCudaDriverVersion = lambda: driver  # type: ignore[attr-defined]
-    module.nvmlSystemGetDriverVersion = lambda: "570.86.15"  # type: ignore[attr-defined]
-    module.nvmlDeviceGetCount = lambda: len(gpus)  # type: ignore[attr-defined]
-    module.nvmlDeviceGetHandleByIndex = lambda i: ("handle", i)  # type: ignore[attr-defined]
-    module.nvmlDeviceGetUUID = lambda h: UUIDS[h[1]]  # type: ignore[attr-defined]
-    module.nvmlDeviceGetName = lambda h: gpus[h[1]][0].encode()  # older bindings return bytes  # type: ignore[attr-defined]
-    module.nvmlDeviceGetCudaComputeCapability = lambda h: gpus[h[1]][1]  # type: ignore[attr-defined]
+    module.nvmlInit = init
+    module.nvmlShutdown = shutdown
+    module.nvmlSystemGetCudaDriverVersion = lambda: driver
+    module.nvmlSystemGetDriverVersion = lambda: "570.86.15"
+    module.nvmlDeviceGetCount = lambda: len(gpus)
+    module.nvmlDeviceGetHandleByIndex = lambda i: ("handle", i)
+    module.nvmlDeviceGetUUID = lambda h: UUIDS[h[1]]
+    module.nvmlDeviceGetName = lambda h: gpus[h[1]][0].encode()  # older bindings return bytes
+    module.nvmlDeviceGetCudaComputeCapability = lambda h: gpus[h[1]][1]
     return module
 
 
@@ -116,7 +116,7 @@ def test_probe_reports_devices_archs_and_versions(monkeypatch: pytest.MonkeyPatc
     assert facts["archs"] == ["sm_80", "sm_89", "sm_90"]
     assert [d["name"] for d in facts["devices"]] == ["NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S"]
     assert facts["devices"][0] == {"index": 0, "nvml_index": 0, "name": "NVIDIA H200", "arch": "sm_90", "uuid": UUIDS[0]}
-    assert nvml.state == {"init": 1, "shutdown": 1}  # type: ignore[attr-defined]
+    assert nvml.state == {"init": 1, "shutdown": 1}
     json.dumps(facts)  # facts are JSON-ready for `hisparse-hal info --json`
 
 
@@ -136,7 +136,7 @@ def test_probe_explains_that_cuda_visible_devices_hides_every_gpu(monkeypatch: p
     result = spec.probe()
     assert not result.available
     assert result.reason == f"no CUDA device is visible: CUDA_VISIBLE_DEVICES={value!r} hides all 3 NVIDIA GPUs"
-    assert nvml.state["shutdown"] == 1  # type: ignore[attr-defined]
+    assert nvml.state["shutdown"] == 1
 
 
 def test_probe_explains_a_machine_without_nvidia_gpus(monkeypatch: pytest.MonkeyPatch, cuda_torch: None) -> None:

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 import torch
-from hisparse_hal.vendors.cpu.backend import CpuBackend
 from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.gather import gather_rows
+from hisparse_hal.vendors.cpu.backend import CpuBackend
 
 aten = torch.ops.aten
 

@@ -10,9 +10,10 @@ from hisparse_hal.kv_cache import KVCacheConfig, LayerSpec, build_views, validat
 
 ALL = frozenset({"bf16", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_ds_mla"})
 CPU = torch.device("cpu")
+ONE_LAYER = (LayerSpec("l0"),)
 
 
-def _config(fmt="bf16", row_width=64, layers=(LayerSpec("l0"),), num_blocks=4, block_size=8):
+def _config(fmt="bf16", row_width=64, layers=ONE_LAYER, num_blocks=4, block_size=8):
     return KVCacheConfig(fmt, num_blocks, block_size, row_width, tuple(layers))
 
 

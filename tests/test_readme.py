@@ -13,7 +13,7 @@ def test_readme_engine_example_runs_and_moves_the_right_bytes():
     assert len(blocks) == 1, "the README should hold exactly one python example"
     scope: dict = {}
     exec(compile(blocks[0], str(README), "exec"), scope)  # noqa: S102 - our own README
-    cache, config, staging = scope["kv_caches"]["layer.0"], scope["config"], scope["staging"]
+    cache, staging = scope["kv_caches"]["layer.0"], scope["staging"]
     assert cache.shape == (64, 16, 656) and cache.dtype.itemsize == 1
     # The example unpins the pool at the end; the bytes it spilled are still there to check.
     pool = scope["pool"]

@@ -10,6 +10,7 @@ import types
 
 import pytest
 import torch
+from sim_hip_runtime import SimulatedHipRuntime, SimulatedIpcRing, capturing, simulated_rocm_backend
 
 from hisparse_hal import KVCacheConfig, LayerSpec
 from hisparse_hal.errors import (
@@ -25,7 +26,6 @@ from hisparse_hal.vendors.rocm.backend import RocmBackend
 from hisparse_hal.vendors.rocm.hip_runtime import HipRuntime
 from hisparse_hal.vendors.rocm.ipc_cycles import CycleLimitedIpcEvent
 from hisparse_hal.vendors.torch_gpu import CopyRuntime, GpuIpcEvent
-from sim_hip_runtime import SimulatedHipRuntime, SimulatedIpcRing, capturing, simulated_rocm_backend
 
 BLOCK = 64  # bytes per block: block_size 4 rows x row_width 8 bf16 elements
 
@@ -195,7 +195,7 @@ def test_device_addresses_translate_pinned_host_addresses_for_kernels_vectorized
     addresses = host.data_ptr() + torch.tensor([0, 5 * 4096 + 7, 63 * 4096 + 4095])
     aliases = backend.device_addresses(addresses)
     assert aliases.tolist() == (addresses + sim.alias_offset).tolist()
-    for alias, row, col in zip(aliases.tolist(), (0, 5, 63), (0, 7, 4095)):
+    for alias, row, col in zip(aliases.tolist(), (0, 5, 63), (0, 7, 4095), strict=True):
         assert sim.kernel_read(alias, 1) == bytes([int(host[row, col])])  # a kernel sees the host bytes there
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from sim_hip_runtime import RELEASES, SimulatedHipRuntime
 
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError, InvalidArgumentError
 from hisparse_hal.regions import Region, RegionTable
@@ -19,7 +20,6 @@ from hisparse_hal.vendors.rocm.hip_runtime import (
     load_hip_library,
     mapped_hip_libraries,
 )
-from sim_hip_runtime import RELEASES, SimulatedHipRuntime
 
 STREAM = 0x7000
 
@@ -78,7 +78,7 @@ def test_copy_batch_passes_the_descriptor_tensors_memory_directly():
     runtime.copy_batch(batch, STREAM, use_attributes=False)
     # The simulator read the arrays at the pointers it was given: the same values, in order.
     logged = [(d, s, n) for _call, d, s, n in sim.copy_log]
-    assert logged == list(zip(batch.dst.tolist(), batch.src.tolist(), batch.sizes.tolist()))
+    assert logged == list(zip(batch.dst.tolist(), batch.src.tolist(), batch.sizes.tolist(), strict=True))
 
 
 def test_copy_batch_with_attributes_asks_for_stream_ordered_source_reads():
@@ -259,14 +259,16 @@ def test_load_prefers_the_library_torch_already_mapped(tmp_path):
     mapped.parent.mkdir()
     mapped.write_bytes(b"")
     (tmp_path / "libamdhip64.so").write_bytes(b"")
-    library = load_hip_library(lambda path: object(), directories=[tmp_path], preferred=[str(mapped)])
+    # Any real handle does (this process's own symbols): the test is about which path is loaded.
+    library = load_hip_library(lambda path: ctypes.CDLL(None), directories=[tmp_path], preferred=[str(mapped)])
     assert library.path == str(mapped)
 
 
 def test_load_falls_back_to_so_7_then_so_6(tmp_path):
     (tmp_path / "libamdhip64.so.6").write_bytes(b"")
     loaded = load_hip_library(
-        lambda path: object() if path.endswith(".so.6") else (_ for _ in ()).throw(OSError("no")), directories=[tmp_path]
+        lambda path: ctypes.CDLL(None) if path.endswith(".so.6") else (_ for _ in ()).throw(OSError("no")),
+        directories=[tmp_path],
     )
     assert Path(loaded.path).name == "libamdhip64.so.6"
 

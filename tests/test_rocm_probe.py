@@ -10,6 +10,7 @@ import sys
 import textwrap
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,7 @@ class SimulatedAmdSmiError(Exception):
 def simulated_amdsmi(gpus=(("AMD Instinct MI300X", "gfx942"),), init_error=None, calls=None):
     """A SIMULATED amdsmi module (not AMD software) listing ``gpus`` as (market name, gfx target)."""
     calls = [] if calls is None else calls
-    module = types.ModuleType("amdsmi")
+    module: Any = types.ModuleType("amdsmi")  # a stand-in whose attributes are set below
 
     def amdsmi_init(*_):
         calls.append("init")
@@ -340,7 +341,7 @@ def test_kfd_topology_lists_gpu_nodes_in_node_order_and_skips_cpus(tmp_path):
 
 def test_kfd_topology_sorts_nodes_numerically_not_as_text(tmp_path):
     sysfs = write_kfd(tmp_path, [(0, 0, 0, "cpu")] + [(4, 90402, i + 1, "gfx942") for i in range(11)])
-    assert [d.uuid[-2:] for d in read_kfd_topology(sysfs).devices] == [f"{i:02X}" for i in range(1, 12)]
+    assert [d.uuid for d in read_kfd_topology(sysfs).devices] == [f"GPU-{i:016X}" for i in range(1, 12)]
 
 
 def test_kfd_topology_skips_a_malformed_node_and_names_it(tmp_path):

@@ -11,7 +11,7 @@ import ctypes
 import pickle
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -54,12 +54,12 @@ class RecordingRuntime:
         self.calls.append(("batch", (batch.count, stream, use_attributes)))
         if self.fail_at is not None and self.fail_at < batch.count:
             raise DeviceRuntimeError("vendorBatchCopy", 1, "ERROR_INVALID_VALUE", "simulated", self.fail_at)
-        for d, s, n in zip(batch.dst.tolist(), batch.src.tolist(), batch.sizes.tolist()):
+        for d, s, n in zip(batch.dst.tolist(), batch.src.tolist(), batch.sizes.tolist(), strict=True):
             ctypes.memmove(d, s, n)
 
     def copy_each(self, batch: SwapBatch, stream: int) -> None:
         self.calls.append(("each", (batch.count, stream)))
-        for d, s, n in zip(batch.dst.tolist(), batch.src.tolist(), batch.sizes.tolist()):
+        for d, s, n in zip(batch.dst.tolist(), batch.src.tolist(), batch.sizes.tolist(), strict=True):
             ctypes.memmove(d, s, n)
 
     def register_host(self, address: int, size: int) -> int | None:
@@ -75,7 +75,7 @@ class RecordingRuntime:
         return error.error_name == "ERROR_DEINITIALIZED"
 
 
-def caps(batch_copy: str = "native", cap: int | None = 4, ipc: bool = True) -> Capabilities:
+def caps(batch_copy: Literal["native", "loop"] = "native", cap: int | None = 4, ipc: bool = True) -> Capabilities:
     return Capabilities(batch_copy, cap, ipc, None, True, True, False, frozenset({"bf16"}), copy_attributes=batch_copy == "native")
 
 

@@ -15,7 +15,8 @@ import struct
 import time
 import uuid
 import warnings
-from typing import ContextManager, Iterator, Protocol, runtime_checkable
+from collections.abc import Iterator
+from typing import Protocol, cast, runtime_checkable
 
 import torch
 
@@ -144,7 +145,7 @@ class GpuIpcEvent:
     ``torch_event`` is the wrapped event; ``record``/``wait``/``query`` forward to it.
     """
 
-    def __init__(self, torch_event: "torch.cuda.Event", device_index: int, timeout_s: float, imported: bool) -> None:
+    def __init__(self, torch_event: torch.cuda.Event, device_index: int, timeout_s: float, imported: bool) -> None:
         self.torch_event = torch_event
         self.device_index = device_index
         self.timeout_s = timeout_s
@@ -152,11 +153,12 @@ class GpuIpcEvent:
 
     def record(self, stream: object | None = None) -> None:
         """Record on ``stream`` (the current stream when None)."""
-        self.torch_event.record(stream)
+        # The contract's stream is opaque (``object``); here it is a torch stream, which torch checks.
+        self.torch_event.record(cast("torch.cuda.Stream | None", stream))
 
     def wait(self, stream: object | None = None) -> None:
         """Make ``stream`` (the current stream when None) wait for the event on the device."""
-        self.torch_event.wait(stream)
+        self.torch_event.wait(cast("torch.cuda.Stream | None", stream))
 
     def query(self) -> bool:
         """True when the work recorded before the event has completed."""
@@ -184,7 +186,7 @@ class GpuIpcEvent:
 class GpuCapturedGraph:
     """A ``torch.cuda.CUDAGraph`` captured by :meth:`TorchGpuBackend.capture`."""
 
-    def __init__(self, graph: "torch.cuda.CUDAGraph") -> None:
+    def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
         self.graph = graph
         self.complete = False
 
@@ -418,13 +420,13 @@ class TorchGpuBackend(HiSparseBackend):
                 # The device may use the host address of registered memory (CUDA: device attribute
                 # CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (91) set, read when the backend is built).
                 return start
-            offsets = {None if c.device_alias is None else c.device_alias - c.address for c in chunks}
-            if None in offsets:
+            if any(c.device_alias is None for c in chunks):
                 raise UnsupportedCapabilityError(
                     f"device_view_of_host: the registration of host memory at {record.address:#x} recorded no "
                     "device alias, but this backend's capabilities say kernels must use one "
                     "(host_pointer_alias); re-pin the tensor with a runtime that reports it"
                 )
+            offsets = {c.device_alias - c.address for c in chunks if c.device_alias is not None}
             if len(offsets) != 1:
                 raise InvalidArgumentError(
                     f"device_view_of_host: host tensor [{start:#x}, {end:#x}) spans {len(chunks)} registration "
@@ -491,7 +493,7 @@ class TorchGpuBackend(HiSparseBackend):
         (``torch.cuda.is_current_stream_capturing`` returns False where no context exists)."""
         return bool(torch.cuda.is_current_stream_capturing())
 
-    def capture(self) -> ContextManager[GpuCapturedGraph]:
+    def capture(self) -> contextlib.AbstractContextManager[GpuCapturedGraph]:
         """Capture this backend's work into a ``torch.cuda.CUDAGraph`` on a side stream torch makes
         current; yields a :class:`GpuCapturedGraph` whose ``replay()`` works once the block ends.
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-from hisparse_hal.conformance.arenas import synchronize
 
 from hisparse_hal.cache_ops import oracle
 from hisparse_hal.cache_ops.sequences import (
@@ -26,6 +25,7 @@ from hisparse_hal.cache_ops.sequences import (
     build_sequence,
     run_sequence,
 )
+from hisparse_hal.conformance.arenas import synchronize
 
 #: Generated sequences each backend's cache ops must match the oracle on (spread evenly over ``SHAPES``).
 CACHE_OPS_SEQUENCES = int(os.environ.get("HISPARSE_HAL_CACHE_OPS_SEQUENCES", "2000"))
@@ -74,7 +74,7 @@ def test_cache_ops_equal_the_oracle_on_generated_multi_step_sequences(backend, c
         sequence = build_sequence(seed, shape)
         expected = run_sequence(oracle, sequence)
         actual = _backend_records(backend, cache_ops, sequence)
-        for step, (want, got) in enumerate(zip(expected, actual)):
+        for step, (want, got) in enumerate(zip(expected, actual, strict=True)):
             for field in dataclasses.fields(StepRecord):
                 assert getattr(got, field.name) == getattr(want, field.name), (
                     f"{cache_ops.implementation} cache ops differ from the oracle in {field.name} at step {step} "

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from hisparse_hal.conformance.arenas import allocate_guarded, device_caches, pinned_host_pool, random_bytes, synchronize
 from hisparse_hal.conformance.swap_plan import SwapPlan
-
 from hisparse_hal.errors import CaptureMisuseError, InvalidDescriptorError
 
 needs_capture = pytest.mark.needs("graph_capture")

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from hisparse_hal.capabilities import KV_FORMATS
+from hisparse_hal.conformance.arenas import park_cache_regions, pinned_host_pool, random_bytes, synchronize
 from hisparse_hal.errors import InvalidArgumentError, InvalidDescriptorError, UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
-
-from hisparse_hal.conformance.arenas import park_cache_regions, pinned_host_pool, random_bytes, synchronize
 
 DS_MLA_ROW = 656
 

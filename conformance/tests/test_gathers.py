@@ -11,8 +11,8 @@ import re
 
 import pytest
 import torch
-from hisparse_hal.conformance.arenas import park_cache_regions, random_bytes, synchronize
 
+from hisparse_hal.conformance.arenas import park_cache_regions, random_bytes, synchronize
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.gather import reference_gather_rows
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec

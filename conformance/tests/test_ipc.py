@@ -13,9 +13,8 @@ import pytest
 import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's reductions, so shared tensors reach spawned peers
 
-from hisparse_hal.errors import HalError
-
 from hisparse_hal.conformance.ipc_peers import Peer
+from hisparse_hal.errors import HalError
 
 pytestmark = pytest.mark.needs("ipc_events")
 
@@ -42,7 +41,8 @@ def _pool_exchange(recipe, cycles: int, size: int = 8192, delay_first: bool = Fa
                     params={"peer": producer_end, "pool": pool, "cycles": cycles, "size": size, "delay_first": delay_first})
     consumer = Peer(recipe, "pool_consumer", name="consumer",
                     params={"peer": consumer_end, "pool": pool, "cycles": cycles, "size": size})
-    producer_end.close(), consumer_end.close()
+    producer_end.close()
+    consumer_end.close()
     with _peers(producer, consumer):
         result = consumer.expect("result", timeout=300)
         if result["failure"] is None:

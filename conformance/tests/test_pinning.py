@@ -9,11 +9,10 @@ import mmap
 import pytest
 import torch
 
-from hisparse_hal.errors import DeviceRuntimeError, InvalidArgumentError, InvalidDescriptorError
-from hisparse_hal.host_registration import plan_host_chunks
-
 from hisparse_hal.conformance.arenas import allocate_guarded, device_caches, pinned_host_pool, random_bytes
 from hisparse_hal.conformance.swap_plan import SwapPlan
+from hisparse_hal.errors import DeviceRuntimeError, InvalidArgumentError, InvalidDescriptorError
+from hisparse_hal.host_registration import plan_host_chunks
 
 PAGE = mmap.PAGESIZE
 

@@ -15,11 +15,10 @@ import pytest
 import torch
 
 from hisparse_hal.capabilities import KV_FORMATS, Capabilities
+from hisparse_hal.conformance.arenas import device_caches, pinned_host_pool
 from hisparse_hal.errors import UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
 from hisparse_hal.registry import BackendSpec, discover_specs, probe_backends, select_backend
-
-from hisparse_hal.conformance.arenas import device_caches, pinned_host_pool
 
 NO_CONTEXT_SCRIPT = textwrap.dedent(
     """

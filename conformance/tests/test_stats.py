@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hisparse_hal.stats import STATS_MODULUS, read_stats, stats_delta
-
 from hisparse_hal.conformance.arenas import allocate_guarded, synchronize
+from hisparse_hal.stats import STATS_MODULUS, read_stats, stats_delta
 
 
 def test_stats_dtype_is_a_64_bit_integer_and_matches_capabilities(backend, capabilities):

@@ -10,10 +10,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hisparse_hal.errors import InvalidDescriptorError
-
-from hisparse_hal.conformance.arenas import GuardedBytes, allocate_guarded, device_caches, pinned_host_pool, random_bytes
+from hisparse_hal.conformance.arenas import (
+    GuardedBytes,
+    allocate_guarded,
+    device_caches,
+    pinned_host_pool,
+    random_bytes,
+)
 from hisparse_hal.conformance.swap_plan import SwapPlan
+from hisparse_hal.errors import InvalidDescriptorError
 
 KIB, MIB = 1 << 10, 1 << 20
 DIRECTIONS = ("device_to_host", "host_to_device", "device_to_device", "host_to_host")

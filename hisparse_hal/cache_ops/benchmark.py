@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import os
 import statistics
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -73,7 +75,7 @@ def _sync(device: torch.device) -> None:
 class _Step:
     """The tensors of one warmed decode step; :meth:`restore` puts the replacement state back."""
 
-    def __init__(self, case: CacheOpsCase, backend: "HiSparseBackend", seed: int = 0) -> None:
+    def __init__(self, case: CacheOpsCase, backend: HiSparseBackend, seed: int = 0) -> None:
         device = backend.device
         if case.context < case.top_k or case.context % BLOCK or case.slots % BLOCK:
             raise InvalidArgumentError(
@@ -151,7 +153,7 @@ def _implementation(name: str) -> object:
     return importlib.import_module(f"hisparse_hal.cache_ops.{name}")
 
 
-def _median(fn: Callable[[], None], before: Callable[[], None], device: torch.device, repeats: int) -> float:
+def _median(fn: Callable[[], object], before: Callable[[], object], device: torch.device, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         before()
@@ -164,7 +166,7 @@ def _median(fn: Callable[[], None], before: Callable[[], None], device: torch.de
 
 
 def bench_case(
-    case: CacheOpsCase, backend: "HiSparseBackend", implementations: dict[str, int]
+    case: CacheOpsCase, backend: HiSparseBackend, implementations: dict[str, int]
 ) -> list[CacheOpsFigure]:
     """Time each implementation (module name -> repeats) on one case, on ``backend``'s device; the torch
     implementation's result is the comparison point.
@@ -180,7 +182,7 @@ def bench_case(
         step.release()
 
 
-def _bench_step(step: "_Step", device: torch.device, implementations: dict[str, int]) -> list[CacheOpsFigure]:
+def _bench_step(step: _Step, device: torch.device, implementations: dict[str, int]) -> list[CacheOpsFigure]:
     case = step.case
     torch_ops = _implementation("torch_impl")
     step.resolve(torch_ops, step.warm_topk)  # warm the state: every request's first top-k is resident
@@ -197,9 +199,9 @@ def _bench_step(step: "_Step", device: torch.device, implementations: dict[str, 
         step.restore()
         step.resolve(ops, step.topk)  # warm-up (compiles Triton kernels) and correctness check
         result = step.result()
-        matches = all(torch.equal(a, b) for a, b in zip(result, reference))
-        resolve_s = _median(lambda: step.resolve(ops, step.topk), step.restore, device, repeats)
-        compact_s = _median(lambda: step.compact(ops), lambda: None, device, repeats)
+        matches = all(torch.equal(a, b) for a, b in zip(result, reference, strict=True))
+        resolve_s = _median(functools.partial(step.resolve, ops, step.topk), step.restore, device, repeats)
+        compact_s = _median(functools.partial(step.compact, ops), lambda: None, device, repeats)
         figures.append(CacheOpsFigure(case, name, resolve_s, compact_s, repeats, rows, one_copy, matches))
     return figures
 

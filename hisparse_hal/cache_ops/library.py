@@ -58,7 +58,7 @@ VLLM_OP_NAMES: dict[str, str] = {name: f"hisparse_{name}" for name in OP_NAMES}
 _library: torch.library.Library | None = globals().get("_library")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def implementation_for(device: torch.device) -> ModuleType:
     """The module whose four functions run the ops for tensors on ``device``.
 

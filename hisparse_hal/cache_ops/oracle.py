@@ -366,7 +366,7 @@ def invalidate_written_slots(
     )
     dgi = device_global_indices.tolist()
     states = request_state_indices.tolist()
-    for q, w in zip(req_id_per_token.tolist(), written_slots.tolist()):
+    for q, w in zip(req_id_per_token.tolist(), written_slots.tolist(), strict=True):
         if not 0 <= q < len(states) or w < 0:
             continue
         s = states[q]

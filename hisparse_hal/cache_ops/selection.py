@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+from collections.abc import Mapping
 from types import ModuleType
-from typing import Literal, Mapping
+from typing import Literal
 
 import torch
 

@@ -109,10 +109,15 @@ class DecodeSequence:
 class CacheOpsLike(Protocol):
     """The four ops (a module such as ``oracle`` or a backend's ``CacheOps``)."""
 
-    resolve_residency: Callable[..., None]
-    gather_compact: Callable[..., None]
-    gather_plan: Callable[..., None]
-    invalidate_written_slots: Callable[..., None]
+    # Read-only, so a backend's CacheOps (methods) matches as well as a module (functions).
+    @property
+    def resolve_residency(self) -> Callable[..., None]: ...
+    @property
+    def gather_compact(self) -> Callable[..., None]: ...
+    @property
+    def gather_plan(self) -> Callable[..., None]: ...
+    @property
+    def invalidate_written_slots(self) -> Callable[..., None]: ...
 
 
 def _host_bytes(seed: int, rows: Sequence[int], row_bytes: int) -> torch.Tensor:
@@ -191,7 +196,7 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
                 page = max(length[i] - 1, 0) // block
                 resident[q][page] = resident_base + 2 * i + rng.randint(0, 1)
             pool = list(range(length[i])) + [-1, pages * block + 1]
-            for row in range(rows_of[i]):
+            for _ in range(rows_of[i]):
                 limit = min(k, len(pool))
                 values = rng.sample(pool, limit) + [-1] * (k - limit)
                 if topk and ids and ids[-1] == q and rng.random() < 0.5:  # MTP rows share most of the union

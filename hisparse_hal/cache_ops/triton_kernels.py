@@ -375,8 +375,9 @@ def resolve_residency_kernel(
                     val = tl.load(order_ptr + order + src, mask=mi, other=0)
                     tl.store(lru_ptr + s_row + i, val.to(tl.int16), mask=mi)
                 if HAS_STATS:
-                    tl.atomic_add(stats_ptr, hits_count.to(tl.int64))
-                    tl.atomic_add(stats_ptr + 1, miss_count.to(tl.int64))
+                    # In the kernel the 0s above become int32 tensors once the loop adds to them; mypy sees Python ints.
+                    tl.atomic_add(stats_ptr, hits_count.to(tl.int64))  # type: ignore[attr-defined]
+                    tl.atomic_add(stats_ptr + 1, miss_count.to(tl.int64))  # type: ignore[attr-defined]
         else:
             # ---- padding: -1 indices, 0 counts; miss_mask, swap rows and state untouched
             for r in range(r0, r1):

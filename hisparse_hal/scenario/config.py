@@ -7,7 +7,8 @@ never from a vendor name, and the decision always carries its reason.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError

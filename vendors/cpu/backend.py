@@ -11,15 +11,16 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.cache_ops.selection import with_cache_ops
 from hisparse_hal.capabilities import KV_FORMATS, Capabilities
-from hisparse_hal.events import HalEvent
 from hisparse_hal.errors import InvalidArgumentError, InvalidDescriptorError
+from hisparse_hal.events import HalEvent
 from hisparse_hal.gather import check_row_ids, gather_rows
 from hisparse_hal.kv_cache import KVCacheConfig
 from hisparse_hal.regions import Region, SwapBatch

@@ -60,7 +60,7 @@ def region_bytes(region: Region) -> torch.Tensor:
 
 def memmove_each(src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
     """Copy descriptor by descriptor, in order, with ``ctypes.memmove`` (overlap-safe)."""
-    for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist()):
+    for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist(), strict=True):
         ctypes.memmove(d, s, n)
 
 

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Iterator
+from collections.abc import Iterator
 
 from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError
 from hisparse_hal.settings import EVENT_TIMEOUT_ENV

@@ -13,7 +13,7 @@ import errno
 import logging
 import mmap
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from hisparse_hal.errors import DeviceRuntimeError
 

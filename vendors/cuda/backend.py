@@ -8,12 +8,13 @@ the primary context torch also uses).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from hisparse_hal.vendors.torch_gpu import CopyRuntime, TorchGpuBackend
 
 from hisparse_hal.errors import BackendUnavailableError
+from hisparse_hal.vendors.torch_gpu import CopyRuntime, TorchGpuBackend
 
 from .capabilities import plan_capabilities
 from .driver import CudaDriver
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from hisparse_hal.registry import ProbeResult
 
 __all__ = ["CudaBackend"]
+
+_Backend = TypeVar("_Backend", bound="CudaBackend")
 
 
 class CudaBackend(TorchGpuBackend):
@@ -34,7 +37,7 @@ class CudaBackend(TorchGpuBackend):
 
     @classmethod
     def for_device(
-        cls,
+        cls: type[_Backend],
         device_index: int,
         driver_version: int,
         arch: str,
@@ -42,7 +45,7 @@ class CudaBackend(TorchGpuBackend):
         runtime: CopyRuntime | None = None,
         device: torch.device | None = None,
         max_batch_descriptors: int | None = None,
-    ) -> "CudaBackend":
+    ) -> _Backend:
         """A backend for CUDA device ``device_index`` with capabilities planned for its driver and arch.
 
         Args:
@@ -72,7 +75,7 @@ class CudaBackend(TorchGpuBackend):
         return cls(capabilities, runtime, device_index, device=device)
 
     @classmethod
-    def from_probe(cls, probe: "ProbeResult") -> "CudaBackend":
+    def from_probe(cls, probe: ProbeResult) -> CudaBackend:
         """The backend for torch's current CUDA device, planned from the probed driver version and the
         device's architecture as torch reports it (NVML numbers devices in PCI order, CUDA may not).
 

@@ -8,7 +8,7 @@ environment variable, read through :func:`batch_cap_from_env`.
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import InvalidArgumentError

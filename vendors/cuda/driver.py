@@ -14,12 +14,12 @@ import contextlib
 import ctypes
 import logging
 import threading
-from typing import Any, Callable, Iterator, Sequence
-
-from hisparse_hal.vendors.torch_gpu import nonempty_descriptors
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError
 from hisparse_hal.regions import SwapBatch
+from hisparse_hal.vendors.torch_gpu import nonempty_descriptors
 
 __all__ = [
     "CudaDriver",
@@ -194,7 +194,7 @@ class CudaDriver:
             with self._lock:
                 if self._fns is None:
                     library = self._library if self._library is not None else load_libcuda()
-                    fns = {name: _bind(library, name, proto) for name, proto in _PROTOTYPES.items()}
+                    fns: dict[str, Any] = {name: _bind(library, name, proto) for name, proto in _PROTOTYPES.items()}
                     required = [n for n in _PROTOTYPES if n != "cuGetProcAddress_v2" and fns[n] is None]
                     if required:
                         raise BackendUnavailableError(
@@ -335,7 +335,8 @@ class CudaDriver:
         Raises:
             DeviceRuntimeError: the symbol is missing, or the call failed (error name, failing index).
         """
-        if not self.has_batch_copy():
+        batch_call = self._batch if self.has_batch_copy() else None
+        if batch_call is None:
             raise DeviceRuntimeError(
                 "cuMemcpyBatchAsync", 500, "CUDA_ERROR_NOT_FOUND",
                 f"driver {self.driver_version()} has no batch copy; use copy_each",
@@ -346,7 +347,7 @@ class CudaDriver:
             return
         fail = ctypes.c_size_t(SIZE_MAX)
         with self.current_context():
-            code = self._batch(
+            code = batch_call(
                 dst.data_ptr(), src.data_ptr(), sizes.data_ptr(), count,
                 ctypes.byref(self._attributes) if use_attributes else None,
                 ctypes.byref(self._attribute_index) if use_attributes else None,
@@ -375,7 +376,7 @@ class CudaDriver:
         with self.current_context() as fns:
             memcpy: Callable[..., int] = fns["cuMemcpyAsync"]
             handle = stream or None
-            for i, (d, s, n) in enumerate(zip(dst.tolist(), src.tolist(), sizes.tolist())):
+            for i, (d, s, n) in enumerate(zip(dst.tolist(), src.tolist(), sizes.tolist(), strict=True)):
                 code = memcpy(d, s, n, handle)
                 if code != CUDA_SUCCESS:
                     index = int(positions[i]) if positions is not None else i

@@ -12,8 +12,9 @@ import dataclasses
 import importlib
 import io
 import logging
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from .kfd_topology import gfx_name
 from .visible_devices import GpuDevice

@@ -13,13 +13,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
+from hisparse_hal.kv_cache import KV_FORMAT_SPECS
 from hisparse_hal.vendors.torch_gpu import (
     GpuIpcEvent,
     TorchGpuBackend,
 )
-
-from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
-from hisparse_hal.kv_cache import KV_FORMAT_SPECS
 
 from .capabilities import GfxArch, arch_facts, parse_arch, plan_capabilities
 from .hip_runtime import HipRuntime
@@ -52,7 +52,7 @@ class RocmBackend(TorchGpuBackend):
         return parse_arch(self.capabilities.versions.get("arch", ""))
 
     @classmethod
-    def from_probe(cls, probe: "ProbeResult") -> "RocmBackend":
+    def from_probe(cls, probe: ProbeResult) -> RocmBackend:
         """Bind the HIP runtime torch loaded, read the current GPU's architecture and plan for it.
 
         This creates the HIP context (selection has already chosen this backend).

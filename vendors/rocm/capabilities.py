@@ -48,7 +48,7 @@ class HipVersion:
     patch: int
 
     @classmethod
-    def from_int(cls, value: int) -> "HipVersion":
+    def from_int(cls, value: int) -> HipVersion:
         """Decode an integer from ``hipRuntimeGetVersion``.
 
         Raises:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Protocol, Sequence
-
-from hisparse_hal.vendors.torch_gpu import nonempty_descriptors
+from typing import Protocol
 
 from hisparse_hal.errors import (
     BackendUnavailableError,
@@ -22,6 +21,7 @@ from hisparse_hal.errors import (
     InvalidArgumentError,
 )
 from hisparse_hal.regions import SwapBatch
+from hisparse_hal.vendors.torch_gpu import nonempty_descriptors
 
 from .capabilities import MAX_BATCH_DESCRIPTORS
 
@@ -245,7 +245,7 @@ class HipRuntime:
         self._attribute_index = (ctypes.c_size_t * 1)(0)
 
     @classmethod
-    def load(cls, loader: Callable[[str], ctypes.CDLL] = ctypes.CDLL, directories: Sequence[Path] | None = None) -> "HipRuntime":
+    def load(cls, loader: Callable[[str], ctypes.CDLL] = ctypes.CDLL, directories: Sequence[Path] | None = None) -> HipRuntime:
         """Load ``libamdhip64`` (the copy torch mapped, if any; see :func:`load_hip_library`) and bind it.
 
         Raises:
@@ -334,7 +334,7 @@ class HipRuntime:
         """
         memcpy = self._functions["hipMemcpyAsync"]
         dst, src, sizes, positions = nonempty_descriptors(batch)
-        for i, (d, s, n) in enumerate(zip(dst.tolist(), src.tolist(), sizes.tolist())):
+        for i, (d, s, n) in enumerate(zip(dst.tolist(), src.tolist(), sizes.tolist(), strict=True)):
             status = memcpy(d, s, n, HIP_MEMCPY_DEFAULT, stream)
             if status != HIP_SUCCESS:
                 index = int(positions[i]) if positions is not None else i

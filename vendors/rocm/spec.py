@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -55,7 +56,7 @@ class ProbeInputs:
     library_finder: Callable[[], tuple[Path | None, list[str]]] = _find_library
 
     @classmethod
-    def from_process(cls) -> "ProbeInputs":
+    def from_process(cls) -> ProbeInputs:
         """The inputs of this process."""
         return cls(torch.__version__, getattr(torch.version, "hip", None), torch.version.cuda, os.environ)
 

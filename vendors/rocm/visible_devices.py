@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = ["GpuDevice", "Visibility", "VISIBILITY_VARIABLES", "resolve_visible_devices"]
 
