@@ -60,9 +60,10 @@ def _device_call_in_a_launch(self: interpreter.InterpretedFunction, *args: objec
     Triton 3.x's interpreter runs ``_patch_lang`` (four ``inspect.getmembers`` walks, ~0.5 ms) on every device
     function call, although the launch (``GridExecutor``) has already patched the same modules for its whole
     duration; our helpers live in the kernels' module, so the patch is a no-op there, and it was half of the
-    interpreter's time. Outside a launch (``tl.arange`` still the unpatched builtin) the original call runs.
+    interpreter's time (0.68 -> 0.34 s a sequence, measured). Outside a launch (``tl.arange`` still the
+    unpatched builtin) the original call runs.
     """
-    if triton.language.core.is_builtin(triton.language.arange):
+    if triton.language.core.is_builtin(triton.language.arange) and _ORIGINAL_DEVICE_CALL is not None:
         return _ORIGINAL_DEVICE_CALL(self, *args, **kwargs)
     fn = self.rewrite()
     try:
@@ -71,7 +72,9 @@ def _device_call_in_a_launch(self: interpreter.InterpretedFunction, *args: objec
         raise interpreter.InterpreterError(repr(exc)) from exc
 
 
-_ORIGINAL_DEVICE_CALL = vars(getattr(interpreter, "InterpretedFunction", object)).get("__call__")
+_ORIGINAL_DEVICE_CALL: Callable[..., object] | None = vars(
+    getattr(interpreter, "InterpretedFunction", object)
+).get("__call__")
 
 
 @pytest.fixture(scope="module", autouse=True)
