@@ -1,34 +1,91 @@
 """The Triton cache ops, run on CPU tensors by triton's interpreter (TRITON_INTERPRET=1).
 
 Closed forms from the semantics page (the worked examples), error flags, the gathers and invalidation,
-then generated multi-step sequences compared bit for bit with the oracle. The interpreter proves the
-kernels' logic; it does not compile them for a GPU, so nothing here says they compile or how fast they run.
+then 2,000 generated multi-step sequences (issue 8) compared bit for bit with the oracle, in 40 chunks, plus
+a few with 4-lane tiles. The interpreter proves the kernels' logic; it does not compile them for a GPU, so
+nothing here says they compile or how fast they run.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Iterator
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first defined
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-pytest.importorskip("triton")
-pytest.importorskip("numpy")  # triton's interpreter needs numpy
+_NEED = "the Triton cache-ops tests need triton and numpy (pip install 'hisparse-hal[triton]' numpy)"
+triton = pytest.importorskip("triton", reason=_NEED)
+pytest.importorskip("numpy", reason=_NEED)  # triton's interpreter needs numpy
+
+from triton.runtime import interpreter  # noqa: E402
 
 from hisparse_hal.cache_ops import oracle, triton_impl  # noqa: E402
-from hisparse_hal.cache_ops.sequences import SHAPES, StepRecord, build_sequence, run_sequence  # noqa: E402
+from hisparse_hal.cache_ops.sequences import (  # noqa: E402
+    SHAPES,
+    DecodeSequence,
+    SequenceShape,
+    StepRecord,
+    build_sequence,
+    run_sequence,
+)
 from hisparse_hal.errors import UnsupportedCapabilityError  # noqa: E402
 
 POISON = -7
 I32 = torch.int32
-#: Generated multi-step sequences run through the Triton ops here (10 per shape). The interpreter costs about
-#: 0.45 s per sequence on the project's 2-core VM when idle, 1-2 s when shared (3-5 steps of five launches), so
-#: the default keeps this file under a minute; HISPARSE_HAL_TRITON_SEQUENCES runs more (2,000: 15-60 minutes).
-TRITON_SEQUENCES = int(os.environ.get("HISPARSE_HAL_TRITON_SEQUENCES", "60"))
+#: Issue 8: at least this many generated multi-step sequences per implementation match the oracle.
+SEQUENCE_TARGET = 2_000
+#: Generated sequences run here (default: the target). HISPARSE_HAL_TRITON_SEQUENCES overrides it, e.g. 60 for a
+#: quick local run. They are split into SEQUENCE_CHUNKS parametrized tests of contiguous indices (so
+#: ``pytest -n 2`` spreads them and no test nears the 300 s timeout); each chunk counts what it ran, records it
+#: (``record_property("triton_sequences", n)``) and asserts it ran its share; the shares sum to the total.
+#: Measured on the 2-core VM: about 0.35 s per sequence single-process (the wide top-k shapes about 0.75 s).
+TRITON_SEQUENCES = int(os.environ.get("HISPARSE_HAL_TRITON_SEQUENCES", str(SEQUENCE_TARGET)))
+SEQUENCE_CHUNKS = 40
 SEED_BASE = 80_000
+#: A's shapes (top-k 1..8, block size 1, MTP runs, H == Q*K, 2-byte rows) plus two wide top-k shapes whose tiles
+#: span more than 32 and 64 lanes (a warp and a wavefront), with an MTP run and a padded row.
+TRITON_SHAPES: tuple[SequenceShape, ...] = SHAPES + (
+    SequenceShape(top_k=33, block_size=8, queries=2, requests=1, batch_rows=3, steps=3),
+    SequenceShape(top_k=65, block_size=16, queries=1, requests=2, batch_rows=3, steps=3, row_width=32),
+)
+
+
+def _device_call_in_a_launch(self: interpreter.InterpretedFunction, *args: object, **kwargs: object) -> object:
+    """A @triton.jit helper called from a kernel, minus the interpreter's redundant re-patching of triton.language.
+
+    Triton 3.x's interpreter runs ``_patch_lang`` (four ``inspect.getmembers`` walks, ~0.5 ms) on every device
+    function call, although the launch (``GridExecutor``) has already patched the same modules for its whole
+    duration; our helpers live in the kernels' module, so the patch is a no-op there, and it was half of the
+    interpreter's time (0.68 -> 0.34 s a sequence, measured). Outside a launch (``tl.arange`` still the
+    unpatched builtin) the original call runs.
+    """
+    if triton.language.core.is_builtin(triton.language.arange) and _ORIGINAL_DEVICE_CALL is not None:
+        return _ORIGINAL_DEVICE_CALL(self, *args, **kwargs)
+    fn = self.rewrite()
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # as the original: kernel errors surface as InterpreterError
+        raise interpreter.InterpreterError(repr(exc)) from exc
+
+
+_ORIGINAL_DEVICE_CALL: Callable[..., object] | None = vars(
+    getattr(interpreter, "InterpretedFunction", object)
+).get("__call__")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _helpers_without_repatching() -> Iterator[None]:
+    """Install :func:`_device_call_in_a_launch` for this module (skipped if triton's interpreter changed shape)."""
+    if _ORIGINAL_DEVICE_CALL is None or not hasattr(interpreter, "_patch_lang"):
+        yield None
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(interpreter.InterpretedFunction, "__call__", _device_call_in_a_launch)
+        yield None
 
 
 def t32(values: object) -> torch.Tensor:
@@ -263,8 +320,47 @@ def _first_difference(got: list[StepRecord], want: list[StepRecord]) -> str:
     return f"{len(got)} steps against {len(want)}"
 
 
-@pytest.mark.parametrize("index", range(TRITON_SEQUENCES))
-def test_generated_sequence_matches_the_oracle_bit_for_bit(index: int) -> None:
-    sequence = build_sequence(SEED_BASE + index, SHAPES[index % len(SHAPES)])
+def _chunk(chunk: int, total: int = TRITON_SEQUENCES, chunks: int = SEQUENCE_CHUNKS) -> range:
+    """Sequence indices of ``chunk``: contiguous, so every chunk mixes the shapes; the chunks tile ``range(total)``."""
+    return range(chunk * total // chunks, (chunk + 1) * total // chunks)
+
+
+def _sequence(index: int) -> DecodeSequence:
+    return build_sequence(SEED_BASE + index, TRITON_SHAPES[index % len(TRITON_SHAPES)])
+
+
+def _assert_matches_oracle(index: int, sequence: DecodeSequence) -> None:
     got, want = run_sequence(triton_impl, sequence), run_sequence(oracle, sequence)
-    assert got == want, _first_difference(got, want)
+    assert got == want, f"sequence {index} (seed {sequence.seed}, {sequence.shape}): {_first_difference(got, want)}"
+
+
+def test_sequence_chunks_cover_the_issue_8_target_unless_overridden() -> None:
+    covered = [index for chunk in range(SEQUENCE_CHUNKS) for index in _chunk(chunk)]
+    assert covered == list(range(TRITON_SEQUENCES))
+    if "HISPARSE_HAL_TRITON_SEQUENCES" not in os.environ:
+        assert len(covered) >= SEQUENCE_TARGET
+
+
+@pytest.mark.parametrize("chunk", range(SEQUENCE_CHUNKS))
+def test_generated_sequences_match_the_oracle_bit_for_bit(
+    chunk: int, record_property: Callable[[str, object], None]
+) -> None:
+    indices = _chunk(chunk)
+    if not indices:
+        pytest.skip(f"HISPARSE_HAL_TRITON_SEQUENCES={TRITON_SEQUENCES} leaves chunk {chunk} empty")
+    ran = 0
+    for index in indices:
+        _assert_matches_oracle(index, _sequence(index))
+        ran += 1
+    record_property("triton_sequences", ran)
+    share = TRITON_SEQUENCES // SEQUENCE_CHUNKS + (chunk < TRITON_SEQUENCES % SEQUENCE_CHUNKS)
+    assert ran == share, f"chunk {chunk} ran {ran} sequences, its share of {TRITON_SEQUENCES} is {share}"
+
+
+@pytest.mark.parametrize("index", range(12))
+def test_generated_sequence_with_4_lane_tiles_matches_the_oracle(index: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of 4 lanes: top-k, slots and rows span several tiles, so the scans' carries between tiles run (the
+    default tiles hold a whole row at these shapes; at DeepSeek's top-k 2048 they do not)."""
+    pow2 = triton_impl._pow2
+    monkeypatch.setattr(triton_impl, "_pow2", lambda n, floor=16, cap=None: pow2(n, floor=4, cap=4))
+    _assert_matches_oracle(index, build_sequence(SEED_BASE + 1_000_000 + index, SHAPES[index % len(SHAPES)]))
