@@ -1,4 +1,4 @@
-"""The libcuda binding (``vendors/cuda/driver.py``) driven through the simulated driver.
+"""The libcuda binding (``hisparse_hal/vendors/cuda/driver.py``) driven through the simulated driver.
 
 The simulator (``tests/sim_cuda_driver.py``) is not the NVIDIA driver: these tests prove the binding's
 logic (symbol resolution per version, ABI choice, error checking, context handling, real bytes moved

@@ -1,4 +1,4 @@
-"""The shared GPU layer (``vendors/torch_gpu.py``) with a recording copy runtime, on the CPU.
+"""The shared GPU layer (``hisparse_hal/vendors/torch_gpu.py``) with a recording copy runtime, on the CPU.
 
 The runtime here is a plain Python recorder that moves real bytes; it proves the layer's decisions
 (copy path, chunking, error re-basing, teardown tolerance, IPC handle format, bounded waits, capture
