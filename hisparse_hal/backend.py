@@ -34,7 +34,7 @@ from .regions import Region, RegionTable, SwapBatch
 from .stats import new_stats_counter
 
 if TYPE_CHECKING:
-    from .registry import ProbeResult
+    from .probing import ProbeResult
 
 __all__ = ["HiSparseBackend", "CacheOps"]
 
@@ -243,7 +243,7 @@ class HiSparseBackend:
 
         A backend that is not registered (built by a factory) has no probe and is taken as available.
         """
-        from .registry import check_registered_backend
+        from .probing import check_registered_backend
 
         check_registered_backend(self.name)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hisparse_hal
-from hisparse_hal import registry
+from hisparse_hal import probing, registry
 from hisparse_hal.errors import BackendUnavailableError
 
 PLUGIN = '''
@@ -37,6 +37,7 @@ def probe():
     return Probe(mode == "available", f"fake accelerator mode {mode}", {"fake_version": "1.2"})
 
 SPEC = BackendSpec("fake", int(os.environ.get("FAKE_HAL_PRIORITY", "50")), probe, "fake_hal_plugin:FakeBackend")
+NOT_A_BACKEND = BackendSpec("not_a_backend", 99, probe, "fake_hal_plugin:probe")
 TWIN = BackendSpec("fake_twin", int(os.environ.get("FAKE_HAL_PRIORITY", "50")), probe, "fake_hal_plugin:FakeBackend")
 '''
 
@@ -85,7 +86,7 @@ def test_cpu_backend_chosen_only_because_torch_has_no_gpu_build(monkeypatch):
 
 def test_gpu_build_with_failing_vendor_probe_raises_with_table_not_cpu_fallback(monkeypatch):
     fake = registry.ProbeResult("cuda", 100, False, "NVML found no device", {})
-    cpu = registry._run_probe(next(s for s in registry.discover_specs()
+    cpu = probing.run_probe(next(s for s in registry.discover_specs()
                                    if isinstance(s, registry.BackendSpec) and s.name == "cpu"))
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     with pytest.raises(BackendUnavailableError, match=r"GPU build \(cuda 12.8\).*silently") as info:
@@ -182,3 +183,13 @@ def test_import_probe_and_select_create_no_device_context_and_load_no_unchosen_b
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["initialized"] is False
     assert report["loaded"] == [f"hisparse_hal.vendors.{report['chosen']}.backend"]
+
+
+def test_registered_class_that_is_not_a_backend_is_a_typed_error(tmp_path, monkeypatch):
+    _install_plugin(tmp_path, {"not_a_backend": "fake_hal_plugin:NOT_A_BACKEND"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fake_hal_plugin", raising=False)
+    registry.reset_backend_cache()
+    expected = r"'not_a_backend'.*'fake_hal_plugin:probe' is not a HiSparseBackend"
+    with pytest.raises(BackendUnavailableError, match=expected):
+        registry.get_backend("not_a_backend")

@@ -1,0 +1,159 @@
+"""Backend specs, entry-point discovery and probing: what is registered, and what each probe says.
+
+Invariants: probing never creates a device context (probes use NVML, amdsmi, sysfs, library presence
+and ``torch.version``); a probe that raises is recorded with its traceback, never swallowed. This module
+knows no backend class: selection and construction live in :mod:`hisparse_hal.registry`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import logging
+import traceback
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from .errors import BackendUnavailableError
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Probe",
+    "BackendSpec",
+    "ProbeResult",
+    "discover_specs",
+    "run_probe",
+    "probe_backends",
+    "torch_gpu_build",
+    "check_registered_backend",
+]
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "hisparse_hal.backends"
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """What a probe returns: availability, a one-sentence reason, and the facts it read."""
+
+    available: bool
+    reason: str
+    facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendSpec:
+    """A registered backend: a cheap probe and the qualified name of the class to load when chosen.
+
+    Attributes:
+        name: registry name.
+        priority: higher wins among available backends.
+        probe: returns a :class:`Probe`; must not create a device context.
+        backend_class: ``"module:Class"``, imported only when the backend is chosen.
+        fallback_only: chosen automatically only when torch has no GPU build (the CPU device).
+    """
+
+    name: str
+    priority: int
+    probe: Callable[[], Probe]
+    backend_class: str
+    fallback_only: bool = False
+
+    def load_class(self) -> type[Any]:
+        """Import and return the backend class (checked to be a backend by the registry)."""
+        module_name, _, attr = self.backend_class.partition(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """The outcome of probing one backend, as ``probe_backends()`` reports it."""
+
+    name: str
+    priority: int
+    available: bool
+    reason: str
+    facts: Mapping[str, Any]
+    error: str | None = None
+    spec: BackendSpec | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form: name, available, reason, priority, facts, error."""
+        return {
+            "name": self.name,
+            "available": self.available,
+            "reason": self.reason,
+            "priority": self.priority,
+            "facts": dict(self.facts),
+            "error": self.error,
+        }
+
+
+def torch_gpu_build() -> str | None:
+    """``"cuda <ver>"`` or ``"hip <ver>"`` when torch is a GPU build, else None. Touches no device."""
+    import torch
+
+    if getattr(torch.version, "hip", None):
+        return f"hip {torch.version.hip}"
+    if getattr(torch.version, "cuda", None):
+        return f"cuda {torch.version.cuda}"
+    return None
+
+
+def discover_specs() -> list[BackendSpec | ProbeResult]:
+    """Load every entry point of ``hisparse_hal.backends``.
+
+    Returns specs, and for an entry point that fails to load (or is not a ``BackendSpec``) an
+    unavailable ``ProbeResult`` carrying the traceback. Sorted by name.
+    """
+    found: dict[str, BackendSpec | ProbeResult] = {}
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            spec = entry.load()
+            if callable(spec) and not isinstance(spec, BackendSpec):
+                spec = spec()
+            if not isinstance(spec, BackendSpec):
+                raise TypeError(f"entry point {entry.value!r} gave {type(spec).__name__}, not a BackendSpec")
+        except Exception as exc:  # noqa: BLE001 - recorded, never swallowed
+            found.setdefault(
+                entry.name,
+                ProbeResult(entry.name, 0, False, f"entry point {entry.value!r} failed to load: {exc}", {},
+                            traceback.format_exc()),
+            )
+            continue
+        if spec.name in found:
+            log.warning("backend name %r registered twice; keeping the first (%s)", spec.name, entry.value)
+            continue
+        found[spec.name] = spec
+    return [found[name] for name in sorted(found)]
+
+
+def run_probe(spec: BackendSpec) -> ProbeResult:
+    """Run one spec's probe; a probe that raises becomes an unavailable result carrying its traceback."""
+    try:
+        probe = spec.probe()
+        reason = probe.reason.strip() or ("available" if probe.available else "unavailable (probe gave no reason)")
+        return ProbeResult(spec.name, spec.priority, bool(probe.available), reason,
+                           MappingProxyType(dict(probe.facts)), None, spec)
+    except Exception as exc:  # noqa: BLE001 - recorded with its traceback
+        return ProbeResult(spec.name, spec.priority, False, f"probe raised {type(exc).__name__}: {exc}", {},
+                           traceback.format_exc(), spec)
+
+
+def probe_backends() -> list[ProbeResult]:
+    """Probe every registered backend (highest priority first). Creates no device context."""
+    results = [item if isinstance(item, ProbeResult) else run_probe(item) for item in discover_specs()]
+    return sorted(results, key=lambda r: (-r.priority, r.name))
+
+
+def check_registered_backend(name: str) -> None:
+    """Raise ``BackendUnavailableError`` if ``name`` is registered and its probe says unavailable."""
+    for item in discover_specs():
+        if isinstance(item, BackendSpec) and item.name == name:
+            result = run_probe(item)
+            if not result.available:
+                raise BackendUnavailableError(f"backend {name!r} is unavailable: {result.reason}")
+            return
