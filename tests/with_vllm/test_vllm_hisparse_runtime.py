@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from vllm_env import require_vllm
+from vllm_env import loaded_plugin, require_vllm
 
 require_vllm()
 
@@ -76,13 +76,13 @@ class World:
         with monkeypatch.context() as m:
             m.setattr(hr, "torch", _UnpinnedTorch())
             leader = hr.HiSparseRuntime(config, MAX_REQS, ROW_WIDTH, DTYPE, "cpu", max_swap_rows=16,
-                                        copy_stream=stream)  # type: ignore[arg-type]
+                                        copy_stream=stream)
             self.runtimes = [leader] + [
                 hr.HiSparseRuntime(config, MAX_REQS, ROW_WIDTH, DTYPE, "cpu", index_group=leader.index_group)
                 for _ in range(LAYERS - 1)
             ]
         for runtime in self.runtimes:
-            runtime._layer_ready_event = _InOrderEvent()  # type: ignore[assignment]
+            runtime._layer_ready_event = _InOrderEvent()
         # One slab, every layer's row of a block side by side: block stride > block size (PagedCacheView.bind).
         block_stride = LAYERS * BLOCK * ROW_BYTES
         self.slab = torch.randint(0, 256, (SLAB_BLOCKS * block_stride,), dtype=torch.uint8, generator=gen)
@@ -97,7 +97,8 @@ class World:
             handle.bind_cache(self.slab, **binding, block_table=self.resident_table,
                               slot_mapping=torch.zeros(16, dtype=torch.int64))
             host = torch.randint(0, 256, (HOST_BLOCKS, BLOCK, ROW_BYTES), dtype=torch.uint8, generator=gen).view(DTYPE)
-            runtime.bind_source_cache(host, registered_host_pool=host)  # not pinned: no GPU; vLLM's cudaHostRegister path
+            # Not pinned (no GPU here): passed as registered_host_pool, vLLM's path for cudaHostRegister'd pools.
+            runtime.bind_source_cache(host, registered_host_pool=host)
             self.host_kv.append(host)
             handle.index_group_caches = self.handles
         assert self.runtimes[0].hot.attention_block_stride == LAYERS * BLOCK > BLOCK
@@ -207,17 +208,16 @@ def _run(monkeypatch: pytest.MonkeyPatch, implementation: Any) -> tuple[World, l
 
 
 def test_vllm_decode_steps_put_every_selected_host_row_where_attention_reads_it(
-    plugin_status: Any, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert plugin_status.active
+    assert loaded_plugin().active, "the plugin must have defined the ops vLLM calls"
     world, stats = _run(monkeypatch, torch_impl)
     hits, misses = stats[-1]
     assert hits > 0 and misses > 0
 
 
-def test_vllm_swap_stats_equal_the_oracles_hits_and_misses_step_by_step(
-    plugin_status: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_vllm_swap_stats_equal_the_oracles_hits_and_misses_step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert loaded_plugin().active, "the plugin must have defined the ops vLLM calls"
     ours, ours_stats = _run(monkeypatch, torch_impl)
     reference, reference_stats = _run(monkeypatch, oracle)
     assert ours_stats == reference_stats
@@ -227,10 +227,9 @@ def test_vllm_swap_stats_equal_the_oracles_hits_and_misses_step_by_step(
     assert torch.equal(group.lru_slots, expected.lru_slots)
 
 
-def test_vllm_gather_prefill_cache_stages_host_and_resident_rows(
-    plugin_status: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_vllm_gather_prefill_cache_stages_host_and_resident_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """``HiSparseRuntime.gather_prefill_cache`` with vLLM's own staging plan and its resident-source pass."""
+    assert loaded_plugin().active, "the plugin must have defined the ops vLLM calls"
     world = World(monkeypatch, seed=5)
     block_table = world.source_block_table[:3]
     seq_lens = torch.tensor([24, 17, 9])
@@ -253,9 +252,10 @@ def test_vllm_gather_prefill_cache_stages_host_and_resident_rows(
                 assert torch.equal(row.view(torch.uint8), host.view(torch.uint8)), (layer, q, token)
 
 
-def test_vllm_call_sites_trace_under_torch_compile(plugin_status: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_call_sites_trace_under_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM 0.33.0 runs these call sites eagerly (inside the ``vllm::unified_mla_attention_with_output`` splitting
     op and the connector worker); tracing them anyway checks our fake kernels and declared mutations."""
+    assert loaded_plugin().active, "the plugin must have defined the ops vLLM calls"
     monkeypatch.setattr(vllm_torch_utils._current_stream_tls, "value", _InOrderStream(), raising=False)
     eager, compiled = World(monkeypatch, seed=3), World(monkeypatch, seed=3)
     for world in (eager, compiled):

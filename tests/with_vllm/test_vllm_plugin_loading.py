@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from vllm_env import require_vllm
+from vllm_env import loaded_plugin, require_vllm
 
 require_vllm()
 
@@ -44,20 +44,23 @@ def _compiled_schemas() -> dict[str, str]:
     return schemas
 
 
-def test_load_general_plugins_runs_our_entry_point_and_satisfies_has_hisparse_ops(plugin_status: Any) -> None:
+def test_load_general_plugins_runs_our_entry_point_and_satisfies_has_hisparse_ops() -> None:
+    plugin_status = loaded_plugin()
     assert plugin_status.state == "defined", plugin_status
     assert vllm_runtime._has_hisparse_ops()
     assert plugin_status.owners == {op: "hisparse-hal" for op in OPS}
     assert plugin_status.implementations["cpu"].startswith("torch (")
 
 
-def test_our_ops_have_exactly_the_schemas_vllm_compiled(plugin_status: Any) -> None:
+def test_our_ops_have_exactly_the_schemas_vllm_compiled() -> None:
+    assert loaded_plugin().active, "the plugin must have defined the ops vLLM calls"
     for op, compiled in _compiled_schemas().items():
         ours = getattr(torch.ops._C_cache_ops, op).default._schema
         assert ours == torch._C.parse_schema(f"_C_cache_ops::{compiled}"), op
 
 
-def test_loading_again_changes_nothing(plugin_status: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_loading_again_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    plugin_status = loaded_plugin()
     import vllm.plugins
 
     before = {op: getattr(torch.ops._C_cache_ops, op).default for op in OPS}
@@ -72,8 +75,9 @@ def test_loading_again_changes_nothing(plugin_status: Any, caplog: pytest.LogCap
     assert not [r for r in caplog.records if r.levelno >= logging.INFO], "a repeated load must not redo anything"
 
 
-def test_our_ops_forward_to_hisparse_hal(plugin_status: Any) -> None:
+def test_our_ops_forward_to_hisparse_hal() -> None:
     """One call through ``_C_cache_ops`` changes exactly what ``torch.ops.hisparse_hal`` would."""
+    assert loaded_plugin().active, "the plugin must have defined the ops vLLM calls"
     device_global_indices = torch.tensor([[10, 11, 12, 13], [20, 21, 22, 23]], dtype=torch.int32)
     expected = device_global_indices.clone()
     args = (torch.tensor([1, 0], dtype=torch.int32), torch.tensor([0, 1, 1], dtype=torch.int32),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -17,3 +18,16 @@ def require_vllm() -> Any:
     if vllm.__version__ != VLLM_VERSION:
         pytest.skip(f"these tests pin vLLM {VLLM_VERSION}'s call sites; installed is {vllm.__version__}")
     return vllm
+
+
+@functools.cache
+def loaded_plugin() -> Any:
+    """vLLM's own plugin loader, run once in this process as every vLLM process runs it; the plugin's status."""
+    require_vllm()
+    import vllm.plugins
+
+    from hisparse_hal.integrations import vllm as plugin
+
+    vllm.plugins.plugins_loaded = False
+    vllm.plugins.load_general_plugins()
+    return plugin.register()  # idempotent: returns the status of the call load_general_plugins made
