@@ -1,4 +1,4 @@
-"""The ``hisparse-hal`` command: ``info`` (probe table and choice), ``conformance``, ``bench`` and ``scenario``.
+"""The ``hisparse-hal`` command: ``info``, ``conformance``, ``bench``, ``scenario`` and ``vllm-check``.
 
 The library returns values; only this module prints.
 """
@@ -120,6 +120,27 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _cmd_vllm_check(args: argparse.Namespace) -> int:
+    from .integrations import vllm as vllm_plugin
+
+    report = vllm_plugin.check()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        plugin = report["plugin"]
+        print(f"vLLM: {report['vllm_version'] or 'not installed'}; entry point registered: "
+              f"{report['entry_point_registered']}")
+        print(f"plugin: {plugin['state']} ({plugin['reason']})")
+        for op, owner in plugin["owners"].items():
+            print(f"  _C_cache_ops.{op}: {owner}")
+        for device, implementation in plugin["implementations"].items():
+            print(f"  {device}: {implementation}")
+        if report["config_refusal"]:
+            print(f"config: {report['config_refusal']}")
+        print(f"HiSparse can run: {report['hisparse_can_run']}")
+    return 0 if report["hisparse_can_run"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``hisparse-hal`` command."""
     parser = argparse.ArgumentParser(
@@ -164,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     scenario.add_argument("--json", default=None, metavar="FILE", help="also write the full result as JSON")
     scenario.add_argument("-v", "--verbose", action="store_true", help="log at INFO (the sync path's reason, cleanup)")
     scenario.set_defaults(func=_cmd_scenario)
+
+    vllm_check = sub.add_parser("vllm-check", help="can vLLM's HiSparse run here, and whose cache ops would it call")
+    vllm_check.add_argument("--json", action="store_true", help="print JSON instead of text")
+    vllm_check.set_defaults(func=_cmd_vllm_check)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Bridges from hisparse-hal to inference engines; each module imports its engine lazily, never at package import."""
