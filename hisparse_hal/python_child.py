@@ -14,11 +14,13 @@ from collections.abc import Mapping, Sequence
 
 __all__ = ["python_command", "python_environment"]
 
-# Python 3.10 has neither -P nor PYTHONSAFEPATH: this runs with ``-c`` (so sys.path[0] is the working
-# directory), removes that entry first, then runs the module or code the way ``-m`` / ``-c`` would.
+# Python 3.10 has neither -P nor PYTHONSAFEPATH: this runs with ``-c`` (so sys.path[0] is '', the working
+# directory), removes that entry first, then runs the module or code the way ``-m`` / ``-c`` would. (An
+# interpreter that honours PYTHONSAFEPATH adds no '' entry, and the bootstrap then removes nothing.)
 _BOOTSTRAP_310 = (
     "import runpy, sys\n"
-    "del sys.path[0]\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
     "kind, target = sys.argv[1], sys.argv[2]\n"
     "del sys.argv[1:3]\n"
     "if kind == '-m':\n"
