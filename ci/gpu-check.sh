@@ -65,7 +65,8 @@ for i in range(torch.cuda.device_count()):
 '
 step info-json 120 hisparse-hal info --json
 step info 120 hisparse-hal info --backend "$backend"
-step conformance "${GPU_CHECK_CONFORMANCE_S:-360}" hisparse-hal conformance --backend "$backend" --report "$outdir/conformance"
+step conformance "${GPU_CHECK_CONFORMANCE_S:-360}" hisparse-hal conformance --backend "$backend" --report "$outdir/conformance" \
+    --junit "$outdir/conformance/junit.xml"
 step bench "${GPU_CHECK_BENCH_S:-240}" hisparse-hal bench --backend "$backend" --json "$outdir/bench.json"
 # The cache ops on the device (Triton where installed, else torch) against the oracle at 64 requests, then the
 # gather-id check's sync rule under torch.cuda.set_sync_debug_mode("error") (skipped without a GPU).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lint and type check, as CI runs them before the tests (ruff and mypy settings: pyproject.toml).
 #
-# Usage: ci/lint.sh   (needs: pip install -e '.[lint]')
+# Usage: ci/lint.sh   (needs: pip install -e '.[lint]': ruff, mypy and actionlint)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
@@ -12,3 +12,6 @@ echo "== ruff"
 echo "== mypy"
 "$python" -m mypy -p hisparse_hal
 MYPYPATH="tests" "$python" -m mypy tests ci
+
+echo "== actionlint (.github/workflows)"
+actionlint

@@ -18,7 +18,9 @@ _spec.loader.exec_module(ci_jobs)
 def test_committed_matrix_gives_one_job_per_machine_with_its_command(capsys):
     assert ci_jobs.main(["--report-root", "out"]) == 0
     jobs = {job["name"]: job for job in json.loads(capsys.readouterr().out)["include"]}
-    assert jobs["cpu"]["command"] == "hisparse-hal conformance --backend cpu --report out/cpu"
+    assert jobs["cpu"]["command"] == "hisparse-hal conformance --backend cpu --report out/cpu --junit out/cpu/junit.xml"
+    assert jobs["cpu"]["results"] == "out/cpu" and jobs["amd-mi300x"]["results"] == "out/amd-mi300x/conformance"
+    assert jobs["amd-mi300x"]["install"] == "pip install '.[test,rocm]'"
     assert jobs["nvidia-h200"]["command"] == "ci/gpu-check.sh cuda out/nvidia-h200"
     assert {job["backend"] for job in jobs.values()} == {"cpu", "cuda", "rocm"}
     assert all((REPO / job["command"].split()[0]).exists() for job in jobs.values() if job["command"].startswith("ci/"))

@@ -23,6 +23,7 @@ from hisparse_hal.errors import HalError
 
 from . import SUITE_VERSION
 from .expectations import Expectations, backend_architectures, load_expectations
+from .junit import CAPABILITY_SKIP_PREFIX, PROBE_GATE_SKIP_PREFIX
 from .recipe import BackendRecipe, vendor_expectations_path
 from .report import AREAS, ResultCollector, area_of, build_results, render_summary, suite_test_id, write_report
 
@@ -256,7 +257,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             failed = _gate_from_file(state)
         if failed:
             pytest.skip(
-                f"probe tier failed ({', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''}); "
+                f"{PROBE_GATE_SKIP_PREFIX}({', '.join(failed[:5])}{', ...' if len(failed) > 5 else ''}); "
                 "the rest of the suite is skipped until the probe tier passes"
             )
     for mark in item.iter_markers("needs"):
@@ -264,7 +265,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         for capability in mark.args:
             value = getattr(backend.capabilities, capability)
             if not value:
-                pytest.skip(f"backend capability {capability} is {value!r} on {backend.name!r}; this test needs it")
+                pytest.skip(f"{CAPABILITY_SKIP_PREFIX}{capability} is {value!r} on {backend.name!r}; this test needs it")
 
 
 def _write_gate(state: ConformanceState, failed: list[str]) -> None:

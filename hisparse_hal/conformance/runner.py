@@ -18,7 +18,9 @@ import tempfile
 from pathlib import Path
 
 from hisparse_hal.errors import BackendUnavailableError, InvalidArgumentError
+from hisparse_hal.python_child import python_command, python_environment
 
+from .junit import write_junit
 from .recipe import BackendRecipe, load_factory, vendor_expectations_path
 from .report import OUTCOMES, area_of, write_report
 
@@ -43,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expectations", metavar="FILE", default=None,
                         help="expectations TOML (default: the vendor's expectations.toml; 'none' for none)")
     parser.add_argument("--report", metavar="DIR", default=None, help="write results.json and summary.md into DIR")
+    parser.add_argument("--junit", metavar="FILE", default=None,
+                        help="also write JUnit XML, one test case per conformance test (for CI test reports)")
     parser.add_argument("--strict", action="store_true", help="expectation entries that match no test fail the run")
     parser.add_argument("-k", dest="keyword", metavar="EXPR", default=None, help="only tests matching this pytest -k expression")
     parser.add_argument("-n", dest="numprocesses", metavar="N", default=None, help="run in N processes (pytest-xdist; 'auto' for one per core)")
@@ -109,20 +113,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"hisparse-hal conformance: {exc}", file=sys.stderr)
         return 2
     print(f"hisparse-hal conformance: testing {recipe.describe()}", file=sys.stderr)
-    print("  python -m pytest " + shlex.join(argv), file=sys.stderr)
-    return _run_until_done(argv, args.report)
+    print("  python -P -m pytest " + shlex.join(argv), file=sys.stderr)
+    directory = Path(args.report) if args.report else Path(tempfile.mkdtemp(prefix="hisparse-conformance-"))
+    if not args.report:
+        argv = [*argv, "--hal-report", str(directory)]
+    code = _run_until_done(argv, directory)
+    if args.junit:
+        code = _write_junit(args.junit, directory, code)
+    return code
 
 
-def _run_until_done(argv: list[str], report: str | None) -> int:
+def _write_junit(path: str, directory: Path, code: int) -> int:
+    """Write the JUnit file from the run's final report; a run that left no report fails (exit 1 if it was 0)."""
+    try:
+        doc = json.loads((directory / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"hisparse-hal conformance: no JUnit file written, the run left no report ({exc})", file=sys.stderr)
+        return code or 1
+    print(f"hisparse-hal conformance: wrote {write_junit(path, doc)}", file=sys.stderr)
+    return code
+
+
+def _run_until_done(argv: list[str], directory: Path) -> int:
     """Run pytest in a child interpreter; when a test kills it (a fault in a vendor library), record
     that test as failed and resume with the tests not yet run, so one crash hides no other result."""
-    directory = Path(report) if report else Path(tempfile.mkdtemp(prefix="hisparse-conformance-"))
-    if not report:
-        argv = [*argv, "--hal-report", str(directory)]
     crashed: list[str] = []
     resume: list[str] = []
     while True:
-        code = subprocess.run([sys.executable, "-m", "pytest", *argv, *resume]).returncode
+        # The child imports the package this process imported, never a source folder in the working directory.
+        code = subprocess.run(python_command(module="pytest", args=[*argv, *resume]), env=python_environment()).returncode
         if code >= 0:
             break
         test = complete_crashed_report(directory, code)

@@ -18,6 +18,7 @@ from hisparse_hal.capabilities import KV_FORMATS, Capabilities
 from hisparse_hal.conformance.arenas import device_caches, pinned_host_pool
 from hisparse_hal.errors import UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
+from hisparse_hal.python_child import python_command, python_environment
 from hisparse_hal.registry import BackendSpec, discover_specs, probe_backends, select_backend
 
 NO_CONTEXT_SCRIPT = textwrap.dedent(
@@ -50,10 +51,10 @@ NO_CONTEXT_SCRIPT = textwrap.dedent(
 @pytest.fixture(scope="module")
 def isolated_probe(tmp_path_factory, backend_recipe) -> dict:
     """What a fresh interpreter saw: probe, select, then import the backend's module (run once)."""
-    env = dict(os.environ)
+    env = python_environment()
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     done = subprocess.run(
-        [sys.executable, "-c", NO_CONTEXT_SCRIPT, backend_recipe.registry_name or "", backend_recipe.factory or ""],
+        python_command(code=NO_CONTEXT_SCRIPT, args=[backend_recipe.registry_name or "", backend_recipe.factory or ""]),
         cwd=tmp_path_factory.mktemp("isolated-probe"), env=env, capture_output=True, text=True, timeout=180,
     )
     assert done.returncode == 0, f"the probe subprocess failed:\n{done.stderr[-3000:]}"

@@ -1,0 +1,94 @@
+"""JUnit XML from a conformance ``results.json``: the per-test format GitHub Actions, GitLab, Buildkite and Jenkins
+ingest. One ``<testcase>`` per conformance test; expected failures and skips carry their kind and reason.
+
+Invariant: written from the final report (after any crash-resume), so it counts exactly the tests ``results.json`` does.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CAPABILITY_SKIP_PREFIX", "PROBE_GATE_SKIP_PREFIX", "skip_kind", "render_junit", "write_junit"]
+
+#: How the plugin words a skip for a capability the backend lacks, and the probe tier's gate.
+CAPABILITY_SKIP_PREFIX = "backend capability "
+PROBE_GATE_SKIP_PREFIX = "probe tier failed "
+
+
+def skip_kind(reason: str) -> str:
+    """The kind of a skip from its reason: ``capability``, ``probe-gate``, ``expectation`` or ``skipped``."""
+    if reason.startswith(CAPABILITY_SKIP_PREFIX):
+        return "capability"
+    if reason.startswith(PROBE_GATE_SKIP_PREFIX):
+        return "probe-gate"
+    if "(expectations " in reason:
+        return "expectation"
+    return "skipped"
+
+
+def _testcase(parent: ET.Element, test: Mapping[str, Any], backend: str) -> None:
+    module, _, name = str(test["id"]).partition("::")
+    case = ET.SubElement(parent, "testcase", {
+        "classname": f"hisparse_hal.conformance.{backend}.{test['area']}",
+        "name": name or module,
+        "file": module,
+        "time": f"{float(test['duration']):.4f}",
+    })
+    reason = str(test.get("reason", ""))
+    outcome = test["outcome"]
+    if outcome == "failed":
+        ET.SubElement(case, "failure", {"type": "failure", "message": reason[:500]}).text = reason
+    elif outcome == "xpassed":
+        ET.SubElement(case, "failure", {"type": "unexpected-pass", "message": reason[:500]}).text = reason
+    elif outcome == "xfailed":
+        ET.SubElement(case, "skipped", {"type": "expected-failure", "message": reason[:500]})
+    elif outcome == "skipped":
+        ET.SubElement(case, "skipped", {"type": skip_kind(reason), "message": reason[:500]})
+
+
+def render_junit(doc: Mapping[str, Any]) -> str:
+    """The JUnit XML text of one conformance results document.
+
+    Args:
+        doc: a ``results.json`` document (``backend``, ``suite_version``, ``facts``, ``summary``, ``tests``).
+
+    Returns:
+        ``<testsuites>`` holding one ``<testsuite>`` named after the backend, as a UTF-8 XML string.
+    """
+    backend = str(doc["backend"])
+    summary = doc["summary"]
+    tests = list(doc["tests"])
+    counts = {
+        "tests": str(len(tests)),
+        "failures": str(summary.get("failed", 0) + summary.get("xpassed", 0)),
+        "errors": "0",
+        "skipped": str(summary.get("skipped", 0) + summary.get("xfailed", 0)),
+        "time": f"{sum(float(t['duration']) for t in tests):.3f}",
+    }
+    root = ET.Element("testsuites", {"name": "hisparse-hal conformance", **counts})
+    suite = ET.SubElement(root, "testsuite", {"name": f"hisparse-hal conformance: {backend}", **counts})
+    properties = ET.SubElement(suite, "properties")
+    facts = doc.get("facts", {})
+    for key, value in (("backend", backend), ("suite_version", doc.get("suite_version")),
+                       ("torch", facts.get("torch")), ("device", facts.get("device"))):
+        if value is not None:
+            ET.SubElement(properties, "property", {"name": key, "value": str(value)})
+    for test in tests:
+        _testcase(suite, test, backend)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_junit(path: str | Path, doc: Mapping[str, Any]) -> Path:
+    """Write :func:`render_junit` of ``doc`` to ``path`` (parent folders created).
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_junit(doc), encoding="utf-8")
+    return path
