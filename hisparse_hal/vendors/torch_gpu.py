@@ -34,6 +34,7 @@ from hisparse_hal.events import HalEvent
 from hisparse_hal.gather import gather_rows, new_fault_record, raise_recorded_fault
 from hisparse_hal.regions import SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
+from hisparse_hal.vendors.host_aliases import HostAliasMap
 
 __all__ = [
     "CopyRuntime",
@@ -249,6 +250,7 @@ class TorchGpuBackend(HiSparseBackend):
         #: The copy path of the last swap: ``"batch"`` or ``"loop"`` (for tests, benchmarks, logs).
         self.last_swap_path: str | None = None
         self._fault_record: torch.Tensor | None = None  # made on the first gather (device memory)
+        self._alias_map: tuple[int, HostAliasMap] | None = None  # (pin generation, table)
 
     # ----------------------------------------------------------------- identity
     @property
@@ -412,31 +414,47 @@ class TorchGpuBackend(HiSparseBackend):
             )
         start = host_tensor.data_ptr()
         end = start + max(host_tensor.numel() * host_tensor.element_size(), 1)
-        for record in self.pinned_registrations():
-            if not (record.address <= start and end <= record.address + record.size):
-                continue
-            chunks = [c for c in record.chunks if c.address < end and start < c.address + c.size]
-            if not self._capabilities.host_pointer_alias:
-                # The device may use the host address of registered memory (CUDA: device attribute
-                # CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (91) set, read when the backend is built).
-                return start
-            if any(c.device_alias is None for c in chunks):
-                raise UnsupportedCapabilityError(
-                    f"device_view_of_host: the registration of host memory at {record.address:#x} recorded no "
-                    "device alias, but this backend's capabilities say kernels must use one "
-                    "(host_pointer_alias); re-pin the tensor with a runtime that reports it"
-                )
-            offsets = {c.device_alias - c.address for c in chunks if c.device_alias is not None}
-            if len(offsets) != 1:
-                raise InvalidArgumentError(
-                    f"device_view_of_host: host tensor [{start:#x}, {end:#x}) spans {len(chunks)} registration "
-                    "chunks whose device aliases are not contiguous; pass a view inside one chunk"
-                )
-            return start + offsets.pop()
-        raise InvalidArgumentError(
-            f"device_view_of_host: host tensor at {start:#x} ({end - start} bytes) is not inside memory pinned "
-            f"by backend {self.name!r}; pin_tensor the host pool first"
-        )
+        return self._host_aliases().translate_range(start, end, "device_view_of_host")
+
+    def device_addresses(self, host_addresses: torch.Tensor) -> torch.Tensor:
+        """Translate addresses inside pinned host tensors to the device addresses kernels must use.
+
+        Where ``capabilities.host_pointer_alias`` is True the device address of registered host memory can
+        differ from its host address (ROCm on MI355X, ROCm 7.2: SGLang #33968, #35233, #36966; CUDA where
+        device attribute 91 is unset), and a kernel given the host address faults; otherwise each address is
+        its own device address, and this only checks that it is pinned. Runtime copies
+        (``swap_blocks_batch``) keep host addresses. Vectorized; the input is not modified.
+
+        Args:
+            host_addresses: 1-D int64 CPU tensor of addresses inside tensors pinned by this backend.
+
+        Returns:
+            An int64 tensor of the same shape with each address's device address.
+
+        Raises:
+            InvalidArgumentError: not a 1-D int64 CPU tensor, or an address outside every pinned tensor (the
+                first is named).
+            UnsupportedCapabilityError: a registration recorded no device alias although one is needed.
+        """
+        return self._host_aliases().translate(host_addresses, "device_addresses")
+
+    def device_address(self, host_address: int) -> int:
+        """The device address of one address inside a pinned host tensor (see :meth:`device_addresses`).
+
+        Raises:
+            InvalidArgumentError: the address is not inside a tensor pinned by this backend.
+        """
+        return int(self.device_addresses(torch.tensor([host_address], dtype=torch.int64))[0])
+
+    def _host_aliases(self) -> HostAliasMap:
+        """The translation table of the live registrations, rebuilt only after a pin or unpin."""
+        generation = self.pin_generation  # read before the registrations: a racing pin only forces a rebuild
+        cached = self._alias_map
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        aliases = HostAliasMap(self.pinned_registrations(), self.name, self._capabilities.host_pointer_alias)
+        self._alias_map = (generation, aliases)
+        return aliases
 
     def device_view_of_host(self, host_tensor: torch.Tensor) -> torch.Tensor:
         """A tensor on this GPU that aliases pinned ``host_tensor`` (same shape and dtype, no copy).
