@@ -34,6 +34,7 @@ from hisparse_hal.events import HalEvent
 from hisparse_hal.gather import gather_rows, new_fault_record, raise_recorded_fault
 from hisparse_hal.regions import SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
+from hisparse_hal.vendors.gather_check import TritonIdCheck, triton_check_available
 from hisparse_hal.vendors.host_aliases import HostAliasMap
 
 __all__ = [
@@ -249,7 +250,15 @@ class TorchGpuBackend(HiSparseBackend):
         self._batch_copy_mode = "auto"
         #: The copy path of the last swap: ``"batch"`` or ``"loop"`` (for tests, benchmarks, logs).
         self.last_swap_path: str | None = None
-        self._fault_record: torch.Tensor | None = None  # made on the first gather (device memory)
+        # Where gathers record an out-of-range id (device memory) and the fused check that writes it: made
+        # here, never inside a capture (only a torch without this device defers them to the first gather).
+        self._fault_record: torch.Tensor | None = None
+        #: The gathers' fused device-side id check: two Triton launches where triton runs on this GPU, else
+        #: None and the torch ops of :func:`~hisparse_hal.gather.gather_rows` check. Tests may install one
+        #: (on :attr:`gather_fault_record`) that runs under triton's interpreter.
+        self.gather_id_check: TritonIdCheck | None = None
+        if self._device.type != "cuda" or torch.cuda.is_available():
+            self._build_gather_check()
         self._alias_map: tuple[int, HostAliasMap] | None = None  # (pin generation, table)
 
     # ----------------------------------------------------------------- identity
@@ -340,6 +349,20 @@ class TorchGpuBackend(HiSparseBackend):
                 offset += chunk.count
 
     # ----------------------------------------------------------------- gathers
+    def _build_gather_check(self) -> None:
+        self._fault_record = new_fault_record(self._device)
+        if self._device.type == "cuda" and triton_check_available(self._device):
+            self.gather_id_check = TritonIdCheck(self._fault_record)
+
+    @property
+    def gather_fault_record(self) -> torch.Tensor:
+        """The device-side record of the first out-of-range gather id (``int64[5]``, see
+        :func:`~hisparse_hal.gather.new_fault_record`)."""
+        if self._fault_record is None:
+            self._build_gather_check()
+        assert self._fault_record is not None
+        return self._fault_record
+
     def gather_resident_rows(self, source: torch.Tensor, destination: torch.Tensor, row_ids: torch.Tensor) -> None:
         """One-pass gather (see the base class) that never reads back to the host, captured or not.
 
@@ -352,10 +375,11 @@ class TorchGpuBackend(HiSparseBackend):
             InvalidArgumentError: bad types, devices or shapes (found on the host, before any device work).
         """
         self._check_gather_device(source, destination)
-        if self._fault_record is None:
-            # The first gather normally runs eagerly (engines warm up before they capture).
-            self._fault_record = new_fault_record(self._device)
-        gather_rows(source, destination, row_ids, fault_record=self._fault_record)
+        record = self.gather_fault_record
+        if self.gather_id_check is not None:
+            gather_rows(source, destination, row_ids, device_check=self.gather_id_check)
+        else:
+            gather_rows(source, destination, row_ids, fault_record=record)
 
     def raise_gather_faults(self) -> None:
         """Read the device-side gather fault record (waits for the gathers before it on the current stream).
