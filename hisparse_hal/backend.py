@@ -36,7 +36,7 @@ from .stats import new_stats_counter
 if TYPE_CHECKING:
     from .probing import ProbeResult
 
-__all__ = ["HiSparseBackend", "CacheOps"]
+__all__ = ["HiSparseBackend", "CacheOps", "DeviceViews"]
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +49,16 @@ class CacheOps:
     current stream. The cache ops (vLLM 0.33.0's ``hisparse_*`` signatures, see
     :mod:`hisparse_hal.cache_ops`) run in the implementation ``capabilities.cache_ops`` names; their
     ``host_cache`` is passed as the backend's device view of the pinned host tensor
-    (:meth:`HiSparseBackend.device_view_of_host`), so every tensor they see is on the backend's device.
+    (:meth:`HiSparseBackend.device_view_of_host`), so every tensor they see is on the backend's device;
+    the view is built once per host tensor and pin generation (:class:`DeviceViews`).
     """
 
     backend: HiSparseBackend
     runtime: Any
+    _views: DeviceViews = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_views", DeviceViews(self.backend))  # frozen: set once, here
 
     @property
     def implementation(self) -> str:
@@ -126,7 +131,7 @@ class CacheOps:
         """
         self._run(
             "resolve_residency",
-            self.backend.device_view_of_host(host_cache), hot_cache, hot_block_table, global_indices,
+            self._views.of(host_cache), hot_cache, hot_block_table, global_indices,
             hot_indices, device_global_indices, lru_slots, request_state_indices, region_stride, max_union_rows,
             miss_mask, stats, attention_indices, attention_block_stride, request_ids, source_block_table,
             source_block_size, resolved_global_indices, valid_counts, swap_host_physical_rows,
@@ -149,7 +154,7 @@ class CacheOps:
         """
         self._run(
             "gather_compact",
-            self.backend.device_view_of_host(host_cache), hot_cache, miss_global_indices, miss_hot_indices,
+            self._views.of(host_cache), hot_cache, miss_global_indices, miss_hot_indices,
             miss_counts,
         )
 
@@ -171,7 +176,7 @@ class CacheOps:
         """
         self._run(
             "gather_plan",
-            self.backend.device_view_of_host(host_cache), hot_cache, global_indices, hot_indices, miss_mask,
+            self._views.of(host_cache), hot_cache, global_indices, hot_indices, miss_mask,
             request_state_indices, attention_indices, attention_block_stride,
         )
 
@@ -193,6 +198,47 @@ class CacheOps:
         )
 
 
+class DeviceViews:
+    """The device views of pinned host tensors one :class:`CacheOps` hands its kernels, built once each.
+
+    A view is kept per host tensor (its address, dtype, shape and strides) and the backend's
+    :attr:`~HiSparseBackend.pin_generation`, and rebuilt only after a pin or unpin: building one scans the
+    registrations and, on a GPU, makes a tensor from ``__cuda_array_interface__`` (tens of microseconds per
+    layer per step). A kept view keeps its host tensor alive until the first call after a pin or unpin.
+    """
+
+    #: Views kept at most (a host pool per layer: 61 on DeepSeek-V3.2); more empties the cache first.
+    MAX_VIEWS = 256
+
+    def __init__(self, backend: HiSparseBackend) -> None:
+        self._backend = backend
+        self._views: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._generation = -1
+
+    def of(self, host_tensor: torch.Tensor) -> torch.Tensor:
+        """The backend's :meth:`~HiSparseBackend.device_view_of_host` of ``host_tensor``, from the cache when
+        no pin or unpin happened since it was built.
+
+        Raises:
+            InvalidArgumentError, UnsupportedCapabilityError: as ``device_view_of_host`` (never cached).
+        """
+        if not isinstance(host_tensor, torch.Tensor):
+            return self._backend.device_view_of_host(host_tensor)  # raises its typed error
+        generation = self._backend.pin_generation  # read before building: a racing pin forces a rebuild
+        if generation != self._generation:
+            self._views, self._generation = {}, generation
+        views = self._views
+        key = (host_tensor.data_ptr(), host_tensor.dtype, tuple(host_tensor.shape), host_tensor.stride(),
+               host_tensor.device)
+        view = views.get(key)
+        if view is None:
+            view = self._backend.device_view_of_host(host_tensor)
+            if len(views) >= self.MAX_VIEWS:
+                views.clear()
+            views[key] = view
+        return view
+
+
 class HiSparseBackend:
     """Device operations for HiSparse KV-cache offload, one instance per device.
 
@@ -211,6 +257,7 @@ class HiSparseBackend:
         self._pins: dict[tuple[int, int], tuple[HostRegistration, tuple[Region, ...]]] = {}
         self._cache_regions: tuple[Region, ...] = ()
         self._explicit: dict[int, Region] = {}
+        self._pin_generation = 0
 
     @classmethod
     def from_probe(cls, probe: ProbeResult) -> HiSparseBackend:
@@ -302,6 +349,7 @@ class HiSparseBackend:
                 address, size, chunks, self._host_page_locked(), chunks[0].device_alias
             )
             self._pins[(address, size)] = (record, tuple(added))
+            self._pin_generation += 1
 
     def unpin_tensor(self, tensor: torch.Tensor) -> None:
         """Release a tensor pinned with :meth:`pin_tensor`, chunk by chunk in reverse order.
@@ -317,6 +365,7 @@ class HiSparseBackend:
                     f"unpin_tensor: tensor at {address:#x} ({size} bytes) was not pinned by "
                     f"backend {self.name!r}"
                 )
+            self._pin_generation += 1
             record, regions = entry
             for region in regions:
                 self.regions.remove(region)
@@ -335,6 +384,12 @@ class HiSparseBackend:
         if entry is None:
             raise InvalidArgumentError(f"tensor at {address:#x} ({size} bytes) is not pinned by {self.name!r}")
         return entry[0]
+
+    @property
+    def pin_generation(self) -> int:
+        """Moves on every successful :meth:`pin_tensor` and :meth:`unpin_tensor`: what is known about pinned
+        memory at one value (device views, address translations) stays true until it moves."""
+        return self._pin_generation
 
     def pinned_registrations(self) -> tuple[HostRegistration, ...]:
         """Every live host registration, in no particular order."""

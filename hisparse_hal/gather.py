@@ -10,6 +10,7 @@ fault record (:func:`new_fault_record`, :func:`raise_recorded_fault`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -18,6 +19,7 @@ from .errors import InvalidArgumentError
 __all__ = [
     "check_gather_destination",
     "check_row_ids",
+    "DeviceIdCheck",
     "gather_rows",
     "new_fault_record",
     "raise_recorded_fault",
@@ -27,6 +29,10 @@ __all__ = [
 
 #: Slots of a fault record: set flag, index of the first bad id, its value, and the row count it broke.
 _FLAG, _INDEX, _VALUE, _TOTAL = range(4)
+
+#: A fused device-side id check: ``(row_ids, total_rows, block_size, block_step, offset_step)`` to int64
+#: indices into :func:`source_row_view`'s rows, out-of-range ids clamped and recorded in its own fault record.
+DeviceIdCheck = Callable[[torch.Tensor, int, int, int, int], torch.Tensor]
 
 
 def source_row_view(source: torch.Tensor, destination_dtype: torch.dtype) -> tuple[torch.Tensor, int, int]:
@@ -193,6 +199,7 @@ def gather_rows(
     *,
     check_range: bool = True,
     fault_record: torch.Tensor | None = None,
+    device_check: DeviceIdCheck | None = None,
 ) -> None:
     """Copy ``source`` rows named by ``row_ids`` into ``destination``, preserving bytes.
 
@@ -205,6 +212,9 @@ def gather_rows(
         fault_record: from :func:`new_fault_record`: check on the device instead, with no read-back. Out of
             range ids then read a clamped row and the first one is recorded for
             :func:`raise_recorded_fault`; ``check_range`` is ignored.
+        device_check: a fused device-side check (the GPU layer's Triton one) that computes the row indices
+            itself and records bad ids in its own fault record; ``fault_record`` and ``check_range`` are
+            then ignored.
 
     Raises:
         InvalidArgumentError: wrong types, devices or shapes; an id out of range (naming its index and
@@ -227,6 +237,10 @@ def gather_rows(
         )
     check_gather_destination(source, destination)
     if n == 0:
+        return
+    if device_check is not None:
+        index = device_check(row_ids, num_blocks * block_size, block_size, block_step, offset_step)
+        torch.index_select(rows, 0, index, out=destination.view(n, width))
         return
     if fault_record is not None:
         index = _clamp_and_record(row_ids, num_blocks * block_size, block_size, fault_record)

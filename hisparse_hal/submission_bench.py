@@ -33,9 +33,12 @@ __all__ = [
     "plain_marshalling",
     "load_simulator",
     "SUBMISSION_COUNTS",
+    "ENGINE_LAYERS",
 ]
 
 SUBMISSION_COUNTS = (8192, 16384, 65536)
+#: Layer regions of the engine-shaped rows: DeepSeek-V3.2 has 61 layers, each with its own KV-cache tensor.
+ENGINE_LAYERS = 61
 _BLOCK = 656
 _STREAM = 0x5A00  # any non-legacy stream handle: the batch call refuses the legacy one
 
@@ -174,9 +177,31 @@ def _times_us(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
     return min(times) * 1e6, statistics.median(times) * 1e6
 
 
+def _time_batch(
+    backend: HiSparseBackend,
+    stub: _CountingStub,
+    row: str,
+    batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    repeats: int,
+) -> SubmissionFigure:
+    """Time ``swap_blocks_batch(*batch)`` on ``backend`` (vendor call stubbed) and the plain marshalling of
+    the same descriptors against ``backend``'s regions."""
+    stub.calls = 0
+    best, median = _times_us(functools.partial(backend.swap_blocks_batch, *batch), repeats)
+    calls = stub.calls // (repeats + 1)
+    table = sorted((r.start, r.end) for r in backend.regions)
+    lists = tuple(t.tolist() for t in batch)
+    _, plain = _times_us(functools.partial(plain_marshalling, table, *lists), max(3, repeats // 20))
+    return SubmissionFigure(row, batch[0].numel(), calls, best, median, plain)
+
+
 def bench_submission(repeats: int = 200, counts: tuple[int, ...] = SUBMISSION_COUNTS) -> list[SubmissionFigure]:
     """Measure, per simulated GPU backend and batch size, the host time of ``swap_blocks_batch`` with the
     vendor batch call stubbed out, beside the plain Python marshalling of the same descriptors.
+
+    Three region layouts of the same device memory: one region; four (sources over four cache layers, the
+    smallest batch only); and :data:`ENGINE_LAYERS` layer regions with a gap of one block between them, as an
+    engine registers one KV-cache tensor per layer (DeepSeek-V3.2 has 61), at every batch size.
 
     The first swap of each backend goes through the simulated vendor call and its bytes are checked, so
     the stubbed runs time the path that is proven to copy correctly.
@@ -186,20 +211,24 @@ def bench_submission(repeats: int = 200, counts: tuple[int, ...] = SUBMISSION_CO
         AssertionError: the proving swap moved wrong bytes.
     """
     largest = max(counts)
+    per_layer = -(-largest // ENGINE_LAYERS)  # blocks per layer region: all layers hold the largest batch
     seeded = torch.Generator().manual_seed(3)
-    device_memory = torch.randint(0, 256, (largest * _BLOCK,), dtype=torch.uint8, generator=seeded)
+    # Room for the layer regions and the one-block gaps between them; the other layouts use the front.
+    blocks = ENGINE_LAYERS * (per_layer + 1)
+    device_memory = torch.randint(0, 256, (blocks * _BLOCK,), dtype=torch.uint8, generator=seeded)
     host = torch.zeros(largest * _BLOCK, dtype=torch.uint8)
     generator = torch.Generator().manual_seed(4)
+    base = device_memory.data_ptr()
+    gpu = torch.device("cuda", 0)
     figures = []
     for label, build in (("cuda (simulated driver 12.8)", _cuda_backend), ("rocm (simulated HIP 7.14)", _rocm_backend)):
         backend, install_stub = build(device_memory)
-        region = backend.register_region(device_memory.data_ptr(), device_memory.numel(), "bench device memory",
-                                         device=torch.device("cuda", 0))
+        region = backend.register_region(base, largest * _BLOCK, "bench device memory", device=gpu)
         backend.pin_tensor(host)
         try:
             proof = torch.arange(64, dtype=torch.int64)
             host.zero_()
-            backend.swap_blocks_batch(device_memory.data_ptr() + proof * _BLOCK,
+            backend.swap_blocks_batch(base + proof * _BLOCK,
                                       host.data_ptr() + proof.flip(0) * _BLOCK,
                                       torch.full((64,), _BLOCK, dtype=torch.int64))
             moved, wanted = host[: 64 * _BLOCK].view(64, _BLOCK).flip(0), device_memory[: 64 * _BLOCK].view(64, _BLOCK)
@@ -207,41 +236,38 @@ def bench_submission(repeats: int = 200, counts: tuple[int, ...] = SUBMISSION_CO
                 raise AssertionError(f"{label}: the proving swap moved wrong bytes")
             stub = _CountingStub()
             install_stub(stub)
-            table = sorted((r.start, r.end) for r in backend.regions)
-            for count in counts:
-                src = device_memory.data_ptr() + torch.randperm(largest, generator=generator)[:count] * _BLOCK
+
+            def spill(count: int, layer_count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                """``count`` spills from distinct device blocks (over the layer regions when ``layer_count``
+                is more than one) to distinct host blocks."""
+                block = torch.randperm(largest, generator=generator)[:count]
+                if layer_count > 1:
+                    block = torch.div(block, per_layer, rounding_mode="floor") * (per_layer + 1) + block % per_layer
                 dst = host.data_ptr() + torch.randperm(largest, generator=generator)[:count] * _BLOCK
-                sizes = torch.full((count,), _BLOCK, dtype=torch.int64)
-                stub.calls = 0
-                best, median = _times_us(functools.partial(backend.swap_blocks_batch, src, dst, sizes), repeats)
-                calls = stub.calls // (repeats + 1)
-                lists = src.tolist(), dst.tolist(), sizes.tolist()
-                _, plain = _times_us(functools.partial(plain_marshalling, table, *lists), max(3, repeats // 20))
-                figures.append(SubmissionFigure(label, count, calls, best, median, plain))
-            # Sources spread over four regions (four cache layers, say): the span test fails for that side
-            # and the per-descriptor searchsorted check runs.
+                return base + block * _BLOCK, dst, torch.full((count,), _BLOCK, dtype=torch.int64)
+
+            for count in counts:
+                figures.append(_time_batch(backend, stub, label, spill(count, 1), repeats))
             backend.unregister_region(region)
-            quarter = device_memory.numel() // 4
-            layers = [backend.register_region(device_memory.data_ptr() + i * quarter, quarter, f"bench layer {i}",
-                                              device=torch.device("cuda", 0)) for i in range(4)]
-            table = sorted((r.start, r.end) for r in backend.regions)
-            count = min(counts)
-            src = device_memory.data_ptr() + torch.randperm(largest, generator=generator)[:count] * _BLOCK
-            dst = host.data_ptr() + torch.randperm(largest, generator=generator)[:count] * _BLOCK
-            sizes = torch.full((count,), _BLOCK, dtype=torch.int64)
-            stub.calls = 0
-            best, median = _times_us(functools.partial(backend.swap_blocks_batch, src, dst, sizes), repeats)
-            lists = src.tolist(), dst.tolist(), sizes.tolist()
-            _, plain = _times_us(functools.partial(plain_marshalling, table, *lists), max(3, repeats // 20))
-            figures.append(SubmissionFigure(f"{label}, sources in 4 regions", count, stub.calls // (repeats + 1),
-                                            best, median, plain))
+            # Sources spread over four regions (four cache layers, say).
+            quarter = largest * _BLOCK // 4
+            layers = [backend.register_region(base + i * quarter, quarter, f"bench layer {i}", device=gpu)
+                      for i in range(4)]
+            figures.append(_time_batch(backend, stub, f"{label}, sources in 4 regions", spill(min(counts), 1),
+                                       repeats))
             for layer in layers:
                 backend.unregister_region(layer)
-            region = backend.register_region(device_memory.data_ptr(), device_memory.numel(), "bench device memory",
-                                             device=torch.device("cuda", 0))
+            # An engine's layout: one region per layer, a block apart; a batch spills from every layer.
+            layers = [backend.register_region(base + i * (per_layer + 1) * _BLOCK, per_layer * _BLOCK,
+                                              f"bench layer {i}", device=gpu) for i in range(ENGINE_LAYERS)]
+            for count in counts:
+                figures.append(_time_batch(backend, stub, f"{label}, sources in {ENGINE_LAYERS} regions",
+                                           spill(count, ENGINE_LAYERS), repeats))
         finally:
             backend.unpin_tensor(host)
-            backend.unregister_region(region)
+            for known in list(backend.regions):
+                if known.label.startswith("bench "):
+                    backend.unregister_region(known)
     return figures
 
 

@@ -31,6 +31,8 @@ def test_submission_bench_drives_both_simulated_backends_and_chunks_at_the_cap()
     assert rows[("cuda (simulated driver 12.8)", 8192 + 64)].vendor_calls == 2  # the 8,192 cap
     assert rows[("rocm (simulated HIP 7.14)", 8192 + 64)].vendor_calls == 2
     assert rows[("rocm (simulated HIP 7.14), sources in 4 regions", 64)].vendor_calls == 1
+    assert rows[("cuda (simulated driver 12.8), sources in 61 regions", 8192 + 64)].vendor_calls == 2
+    assert rows[("rocm (simulated HIP 7.14), sources in 61 regions", 64)].vendor_calls == 1
     assert all(f.ours_best_us > 0 and f.plain_us > 0 for f in figures)
     assert submission_bench.marginal_ns(figures, "cuda (simulated driver 12.8)") is not None
 

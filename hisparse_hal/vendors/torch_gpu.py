@@ -34,6 +34,8 @@ from hisparse_hal.events import HalEvent
 from hisparse_hal.gather import gather_rows, new_fault_record, raise_recorded_fault
 from hisparse_hal.regions import SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
+from hisparse_hal.vendors.gather_check import TritonIdCheck, triton_check_available
+from hisparse_hal.vendors.host_aliases import HostAliasMap
 
 __all__ = [
     "CopyRuntime",
@@ -248,7 +250,16 @@ class TorchGpuBackend(HiSparseBackend):
         self._batch_copy_mode = "auto"
         #: The copy path of the last swap: ``"batch"`` or ``"loop"`` (for tests, benchmarks, logs).
         self.last_swap_path: str | None = None
-        self._fault_record: torch.Tensor | None = None  # made on the first gather (device memory)
+        # Where gathers record an out-of-range id (device memory) and the fused check that writes it: made
+        # here, never inside a capture (only a torch without this device defers them to the first gather).
+        self._fault_record: torch.Tensor | None = None
+        #: The gathers' fused device-side id check: two Triton launches where triton runs on this GPU, else
+        #: None and the torch ops of :func:`~hisparse_hal.gather.gather_rows` check. Tests may install one
+        #: (on :attr:`gather_fault_record`) that runs under triton's interpreter.
+        self.gather_id_check: TritonIdCheck | None = None
+        if self._device.type != "cuda" or torch.cuda.is_available():
+            self._build_gather_check()
+        self._alias_map: tuple[int, HostAliasMap] | None = None  # (pin generation, table)
 
     # ----------------------------------------------------------------- identity
     @property
@@ -338,6 +349,20 @@ class TorchGpuBackend(HiSparseBackend):
                 offset += chunk.count
 
     # ----------------------------------------------------------------- gathers
+    def _build_gather_check(self) -> None:
+        self._fault_record = new_fault_record(self._device)
+        if self._device.type == "cuda" and triton_check_available(self._device):
+            self.gather_id_check = TritonIdCheck(self._fault_record)
+
+    @property
+    def gather_fault_record(self) -> torch.Tensor:
+        """The device-side record of the first out-of-range gather id (``int64[5]``, see
+        :func:`~hisparse_hal.gather.new_fault_record`)."""
+        if self._fault_record is None:
+            self._build_gather_check()
+        assert self._fault_record is not None
+        return self._fault_record
+
     def gather_resident_rows(self, source: torch.Tensor, destination: torch.Tensor, row_ids: torch.Tensor) -> None:
         """One-pass gather (see the base class) that never reads back to the host, captured or not.
 
@@ -350,10 +375,11 @@ class TorchGpuBackend(HiSparseBackend):
             InvalidArgumentError: bad types, devices or shapes (found on the host, before any device work).
         """
         self._check_gather_device(source, destination)
-        if self._fault_record is None:
-            # The first gather normally runs eagerly (engines warm up before they capture).
-            self._fault_record = new_fault_record(self._device)
-        gather_rows(source, destination, row_ids, fault_record=self._fault_record)
+        record = self.gather_fault_record
+        if self.gather_id_check is not None:
+            gather_rows(source, destination, row_ids, device_check=self.gather_id_check)
+        else:
+            gather_rows(source, destination, row_ids, fault_record=record)
 
     def raise_gather_faults(self) -> None:
         """Read the device-side gather fault record (waits for the gathers before it on the current stream).
@@ -412,31 +438,47 @@ class TorchGpuBackend(HiSparseBackend):
             )
         start = host_tensor.data_ptr()
         end = start + max(host_tensor.numel() * host_tensor.element_size(), 1)
-        for record in self.pinned_registrations():
-            if not (record.address <= start and end <= record.address + record.size):
-                continue
-            chunks = [c for c in record.chunks if c.address < end and start < c.address + c.size]
-            if not self._capabilities.host_pointer_alias:
-                # The device may use the host address of registered memory (CUDA: device attribute
-                # CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (91) set, read when the backend is built).
-                return start
-            if any(c.device_alias is None for c in chunks):
-                raise UnsupportedCapabilityError(
-                    f"device_view_of_host: the registration of host memory at {record.address:#x} recorded no "
-                    "device alias, but this backend's capabilities say kernels must use one "
-                    "(host_pointer_alias); re-pin the tensor with a runtime that reports it"
-                )
-            offsets = {c.device_alias - c.address for c in chunks if c.device_alias is not None}
-            if len(offsets) != 1:
-                raise InvalidArgumentError(
-                    f"device_view_of_host: host tensor [{start:#x}, {end:#x}) spans {len(chunks)} registration "
-                    "chunks whose device aliases are not contiguous; pass a view inside one chunk"
-                )
-            return start + offsets.pop()
-        raise InvalidArgumentError(
-            f"device_view_of_host: host tensor at {start:#x} ({end - start} bytes) is not inside memory pinned "
-            f"by backend {self.name!r}; pin_tensor the host pool first"
-        )
+        return self._host_aliases().translate_range(start, end, "device_view_of_host")
+
+    def device_addresses(self, host_addresses: torch.Tensor) -> torch.Tensor:
+        """Translate addresses inside pinned host tensors to the device addresses kernels must use.
+
+        Where ``capabilities.host_pointer_alias`` is True the device address of registered host memory can
+        differ from its host address (ROCm on MI355X, ROCm 7.2: SGLang #33968, #35233, #36966; CUDA where
+        device attribute 91 is unset), and a kernel given the host address faults; otherwise each address is
+        its own device address, and this only checks that it is pinned. Runtime copies
+        (``swap_blocks_batch``) keep host addresses. Vectorized; the input is not modified.
+
+        Args:
+            host_addresses: 1-D int64 CPU tensor of addresses inside tensors pinned by this backend.
+
+        Returns:
+            An int64 tensor of the same shape with each address's device address.
+
+        Raises:
+            InvalidArgumentError: not a 1-D int64 CPU tensor, or an address outside every pinned tensor (the
+                first is named).
+            UnsupportedCapabilityError: a registration recorded no device alias although one is needed.
+        """
+        return self._host_aliases().translate(host_addresses, "device_addresses")
+
+    def device_address(self, host_address: int) -> int:
+        """The device address of one address inside a pinned host tensor (see :meth:`device_addresses`).
+
+        Raises:
+            InvalidArgumentError: the address is not inside a tensor pinned by this backend.
+        """
+        return int(self.device_addresses(torch.tensor([host_address], dtype=torch.int64))[0])
+
+    def _host_aliases(self) -> HostAliasMap:
+        """The translation table of the live registrations, rebuilt only after a pin or unpin."""
+        generation = self.pin_generation  # read before the registrations: a racing pin only forces a rebuild
+        cached = self._alias_map
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        aliases = HostAliasMap(self.pinned_registrations(), self.name, self._capabilities.host_pointer_alias)
+        self._alias_map = (generation, aliases)
+        return aliases
 
     def device_view_of_host(self, host_tensor: torch.Tensor) -> torch.Tensor:
         """A tensor on this GPU that aliases pinned ``host_tensor`` (same shape and dtype, no copy).

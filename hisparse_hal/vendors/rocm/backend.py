@@ -1,8 +1,8 @@
 """``RocmBackend``: the shared torch GPU layer plus what differs on AMD GPUs.
 
 What is ROCm's own: the HIP runtime binding and its capability plan, the device alias of every host
-registration, KV formats per gfx architecture, graph capture gated on the HIP version, and IPC events
-that stop at ROCm 7.2's cycle limit. Invariant: runtime copies take host addresses (the HIP runtime
+registration (which the shared layer's ``device_addresses`` hands kernels), KV formats per gfx
+architecture, graph capture gated on the HIP version, and IPC events that stop at ROCm 7.2's cycle limit. Invariant: runtime copies take host addresses (the HIP runtime
 resolves registered host pointers); only kernels need the device alias (SGLang #35233).
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
+from hisparse_hal.errors import UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS
 from hisparse_hal.vendors.torch_gpu import (
     GpuIpcEvent,
@@ -72,62 +72,6 @@ class RocmBackend(TorchGpuBackend):
         capabilities = dataclasses.replace(capabilities, versions={**capabilities.versions, **extra})
         log.info("rocm backend on HIP device %d (%s), HIP runtime %s", device_index, arch, capabilities.versions["hip_runtime"])
         return cls(capabilities, runtime, device_index)
-
-    # ----------------------------------------------------------------- device aliases
-    def device_addresses(self, host_addresses: torch.Tensor) -> torch.Tensor:
-        """Translate addresses inside pinned host tensors to the device addresses kernels must use.
-
-        On ROCm the device address of registered host memory can differ from its host address (MI355X,
-        ROCm 7.2; SGLang #33968, #35233, #36966): a kernel given the host address faults. Runtime copies
-        (``swap_blocks_batch``) keep host addresses. Vectorized; the input is not modified.
-
-        Args:
-            host_addresses: 1-D int64 CPU tensor of addresses inside tensors pinned by this backend.
-
-        Returns:
-            An int64 tensor of the same shape with each address's device alias.
-
-        Raises:
-            InvalidArgumentError: not a 1-D int64 CPU tensor, or an address outside every pinned
-                tensor (the first is named).
-        """
-        if not isinstance(host_addresses, torch.Tensor) or host_addresses.dtype != torch.int64 \
-                or host_addresses.device.type != "cpu" or host_addresses.dim() != 1:
-            raise InvalidArgumentError(
-                "device_addresses: expected a 1-D int64 CPU tensor of host addresses, got "
-                + (f"{host_addresses.dtype} shape {tuple(host_addresses.shape)} on {host_addresses.device}"
-                   if isinstance(host_addresses, torch.Tensor) else type(host_addresses).__name__)
-            )
-        pinned = sorted((r for r in self.regions if r.kind == "pinned_host"), key=lambda r: r.start)
-        if not pinned:
-            if host_addresses.numel() == 0:
-                return host_addresses.clone()
-            raise InvalidArgumentError(
-                f"device_addresses: address {int(host_addresses[0]):#x} (index 0) is not in a pinned host "
-                "tensor; nothing is pinned on this backend"
-            )
-        starts = torch.tensor([r.start for r in pinned], dtype=torch.int64)
-        ends = torch.tensor([r.end for r in pinned], dtype=torch.int64)
-        aliases = torch.tensor(
-            [r.start if r.device_alias is None else r.device_alias for r in pinned], dtype=torch.int64
-        )
-        index = (torch.searchsorted(starts, host_addresses, right=True) - 1).clamp_min(0)
-        inside = (host_addresses >= starts[index]) & (host_addresses < ends[index])
-        if not bool(inside.all()):
-            i = int((~inside).nonzero()[0])
-            raise InvalidArgumentError(
-                f"device_addresses: address {int(host_addresses[i]):#x} (index {i}) is not inside a tensor "
-                "pinned by this backend; pin it with pin_tensor first"
-            )
-        return aliases[index] + (host_addresses - starts[index])
-
-    def device_address(self, host_address: int) -> int:
-        """The device alias of one address inside a pinned host tensor (see :meth:`device_addresses`).
-
-        Raises:
-            InvalidArgumentError: the address is not inside a tensor pinned by this backend.
-        """
-        return int(self.device_addresses(torch.tensor([host_address], dtype=torch.int64))[0])
 
     # ----------------------------------------------------------------- KV formats per architecture
     def validate_kv_cache_config(self, kv_cache_config: Any) -> None:
