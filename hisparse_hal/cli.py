@@ -48,13 +48,9 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.cache_ops:
-        from .cache_ops import benchmark as cache_ops_benchmark
+    from .bench import command
 
-        return cache_ops_benchmark.run(args)
-    from . import benchmark
-
-    return benchmark.run(args)
+    return command.run(args)
 
 
 def _fault(text: str) -> tuple[int, int]:
@@ -161,12 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     conformance.set_defaults(func=_cmd_conformance)
 
     bench = sub.add_parser("bench", help="measure swaps and gathers against the plain alternatives")
-    from . import benchmark
+    from .bench import command as bench_command
 
-    benchmark.add_arguments(bench)
-    from .cache_ops import benchmark as cache_ops_benchmark
-
-    cache_ops_benchmark.add_arguments(bench)
+    bench_command.add_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
     scenario = sub.add_parser("scenario", help="run the tensor-parallel shared-pool offload scenario across processes")

@@ -7,8 +7,9 @@ import ctypes
 
 import pytest
 
-from hisparse_hal import bench_plot, submission_bench
-from hisparse_hal.benchmark import SwapFigure
+from hisparse_hal.bench import plot as bench_plot
+from hisparse_hal.bench import submission as submission_bench
+from hisparse_hal.bench.swaps import SwapFigure
 from hisparse_hal.errors import BackendUnavailableError, InvalidDescriptorError
 
 
@@ -38,7 +39,7 @@ def test_submission_bench_drives_both_simulated_backends_and_chunks_at_the_cap()
 
 
 def test_submission_bench_outside_a_checkout_says_what_to_do(monkeypatch, tmp_path):
-    monkeypatch.setattr(submission_bench, "__file__", str(tmp_path / "hisparse_hal" / "submission_bench.py"))
+    monkeypatch.setattr(submission_bench, "__file__", str(tmp_path / "hisparse_hal" / "bench" / "submission.py"))
     with pytest.raises(BackendUnavailableError, match=r"tests/sim_cuda_driver.py.*run it from a source checkout"):
         submission_bench.load_simulator("sim_cuda_driver")
 

@@ -8,7 +8,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the Triton kernels a
 
 import pytest  # noqa: E402
 
-from hisparse_hal.cache_ops.benchmark import CacheOpsCase, _requests, bench_case  # noqa: E402
+from hisparse_hal.bench.cache_ops import CacheOpsCase, _requests, bench_case  # noqa: E402
 from hisparse_hal.cli import build_parser  # noqa: E402
 from hisparse_hal.errors import InvalidArgumentError  # noqa: E402
 from hisparse_hal.vendors.cpu.backend import CpuBackend  # noqa: E402

@@ -10,10 +10,10 @@ import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .errors import BackendUnavailableError
+from ..errors import BackendUnavailableError
 
 if TYPE_CHECKING:
-    from .benchmark import SwapFigure
+    from .swaps import SwapFigure
 
 __all__ = ["plot_swaps"]
 
@@ -29,7 +29,7 @@ def plot_swaps(figures: Sequence[SwapFigure], path: str, title: str) -> None:
     """Write a PNG of GB/s against block size (log scale) for our swaps, the plain loop and one copy.
 
     Args:
-        figures: one :class:`~hisparse_hal.benchmark.SwapFigure` per block size.
+        figures: one :class:`~hisparse_hal.bench.swaps.SwapFigure` per block size.
         path: where to write the PNG.
         title: the plot's title (backend, device, date).
 

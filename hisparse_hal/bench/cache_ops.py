@@ -228,9 +228,8 @@ def _requests(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the cache-ops benchmark on the selected backend's device and print the table."""
+    from hisparse_hal.cache_ops.selection import choose_cache_ops, probe_triton
     from hisparse_hal.registry import get_backend
-
-    from .selection import choose_cache_ops, probe_triton
 
     backend = get_backend(args.backend)
     device = backend.device

@@ -8,11 +8,14 @@ marshalling plus binding overhead, excluding the copy itself. Nothing here runs 
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import ctypes
 import dataclasses
 import functools
 import importlib
+import json
+import os
 import statistics
 import sys
 import time
@@ -23,8 +26,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from .backend import HiSparseBackend
-from .errors import BackendUnavailableError, InvalidDescriptorError
+from ..backend import HiSparseBackend
+from ..errors import BackendUnavailableError, InvalidDescriptorError
 
 __all__ = [
     "SubmissionFigure",
@@ -67,7 +70,7 @@ def load_simulator(module: str) -> ModuleType:
     Raises:
         BackendUnavailableError: the package is not running from a source checkout with ``tests/``.
     """
-    tests = Path(__file__).resolve().parent.parent / "tests"
+    tests = Path(__file__).resolve().parents[2] / "tests"
     if not (tests / f"{module}.py").is_file():
         raise BackendUnavailableError(
             f"bench --submission drives the simulated vendor libraries in tests/{module}.py, which is not "
@@ -109,8 +112,8 @@ class _CountingStub:
 
 def _cuda_backend(device_memory: torch.Tensor) -> tuple[HiSparseBackend, Callable[[_CountingStub], None]]:
     sim_module = load_simulator("sim_cuda_driver")
-    from .vendors.cuda.backend import CudaBackend
-    from .vendors.cuda.driver import CudaDriver
+    from ..vendors.cuda.backend import CudaBackend
+    from ..vendors.cuda.driver import CudaDriver
 
     sim = sim_module.SimulatedCudaDriver(12080)
     start = device_memory.data_ptr()
@@ -279,3 +282,27 @@ def marginal_ns(figures: list[SubmissionFigure], backend: str) -> float | None:
         return None
     a, b = rows[0], rows[-1]
     return (b.ours_best_us - a.ours_best_us) * 1e3 / (b.descriptors - a.descriptors)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``bench --submission``: measure and print the table (and ``--json``); returns the exit code."""
+    repeats = max(args.repeats, 50)
+    figures = bench_submission(repeats)
+    print(f"swap submission host cost, SIMULATED vendor libraries, vendor batch call stubbed out (torch {torch.__version__}, "
+          f"load {os.getloadavg()[0]:.2f}); us per swap_blocks_batch, {repeats} runs")
+    print()
+    print(f"{'backend':<52} {'count':>6} {'calls':>5} {'best us':>8} {'median us':>9} {'plain us':>9} {'x plain':>8}")
+    for f in figures:
+        print(f"{f.backend:<52} {f.descriptors:>6} {f.vendor_calls:>5} {f.ours_best_us:>8.1f} {f.ours_median_us:>9.1f} "
+              f"{f.plain_us:>9.0f} {f.speedup_vs_plain:>7.0f}x")
+    print()
+    for name in dict.fromkeys(f.backend for f in figures):
+        extra = marginal_ns(figures, name)
+        if extra is not None:
+            print(f"{name}: {extra:.1f} ns per extra descriptor (fastest runs, smallest to largest batch)")
+    print("plain = a Python loop checking each descriptor against the regions and building three ctypes arrays")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"submission": [dict(dataclasses.asdict(f), speedup_vs_plain=f.speedup_vs_plain) for f in figures]},
+                      handle, indent=2)
+    return 0

@@ -7,36 +7,27 @@ Figures are medians of repeated runs, device-synchronized.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import dataclasses
 import functools
-import json
-import os
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
-from .backend import HiSparseBackend
-from .gather import reference_gather_rows
-from .registry import get_backend
+from ..backend import HiSparseBackend
+from ..gather import reference_gather_rows
+from .table import Column, format_table
+from .timing import sync, time_runs
 
-__all__ = ["SwapFigure", "GatherFigure", "bench_swaps", "bench_gathers", "add_arguments", "run"]
+__all__ = ["SwapFigure", "GatherFigure", "bench_swaps", "bench_gathers", "side_stream", "print_figures", "figures_as_json"]
 
 SWAP_BLOCK_BYTES = (656, 4096, 65536, 1 << 20)
 GATHER_ROWS = (2048, 16384, 131072)
 DS_MLA_ROW = 656
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _side_stream(device: torch.device) -> contextlib.AbstractContextManager[object]:
+def side_stream(device: torch.device) -> contextlib.AbstractContextManager[object]:
     """Swaps run on a side stream on GPUs: the batch call rejects the legacy default stream (handle 0)
     and falls back to the per-copy loop there (vLLM cache_kernels.cu; cudf #20800), as engines must."""
     if device.type == "cuda":
@@ -44,17 +35,8 @@ def _side_stream(device: torch.device) -> contextlib.AbstractContextManager[obje
     return contextlib.nullcontext()
 
 
-def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    return time_runs(fn, repeats, device).median_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +122,7 @@ def bench_swaps(backend: HiSparseBackend, total_bytes: int, repeats: int) -> lis
             check = _median_seconds(check_batch, torch.device("cpu"), repeats)
             expected = source.cpu().view(count, block)[torch.argsort(order)]
             backend.swap_blocks_batch(src, dst, sizes)
-            _sync(backend.device)
+            sync(backend.device)
             if not torch.equal(host.view(count, block), expected):
                 raise AssertionError(f"benchmark swap of {block}-byte blocks moved wrong bytes")
         finally:
@@ -170,7 +152,7 @@ def bench_gathers(backend: HiSparseBackend, repeats: int) -> list[GatherFigure]:
         one = _median_seconds(functools.partial(ours_out.copy_, flat), backend.device, repeats)
         backend.gather_resident_rows(source, ours_out, ids)
         reference_gather_rows(source, ref_out, ids)
-        _sync(backend.device)
+        sync(backend.device)
         if not torch.equal(ours_out, ref_out):
             raise AssertionError("benchmark gather differs from the reference implementation")
         nbytes = rows * DS_MLA_ROW
@@ -178,80 +160,39 @@ def bench_gathers(backend: HiSparseBackend, repeats: int) -> list[GatherFigure]:
     return figures
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``hisparse-hal bench``."""
-    parser.add_argument("--backend", default=None, help="backend name (strict); default: the selected one")
-    parser.add_argument("--swap-mib", type=int, default=64, help="bytes per swap case, in MiB (default 64)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per path (median reported)")
-    parser.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
-    parser.add_argument("--plot", default=None, metavar="FILE.png",
-                        help="also draw swap GB/s against block size (needs the [plot] extra: matplotlib)")
-    parser.add_argument("--submission", action="store_true",
-                        help="instead: host cost from swap_blocks_batch to the vendor batch call, through the "
-                        "SIMULATED CUDA driver and HIP runtime of a source checkout, beside plain Python marshalling")
+SWAP_COLUMNS = (
+    Column("block", 8, lambda f: f.block_bytes),
+    Column("count", 7, lambda f: f.descriptors),
+    Column("ours", 8, lambda f: f.ours_gbps, ".2f"),
+    Column("loop", 8, lambda f: f.loop_gbps, ".2f"),
+    Column("one copy", 9, lambda f: f.one_copy_gbps, ".2f"),
+    Column("x loop", 7, lambda f: f"{f.speedup_vs_loop:.1f}x"),
+    Column("of limit", 8, lambda f: f.fraction_of_limit, ".0%"),
+    Column("check us", 9, lambda f: f.check_us, ".0f"),
+    Column(" loop kind", 0, lambda f: f" {f.loop_kind}", align="<"),
+)
+GATHER_COLUMNS = (
+    Column("rows", 8, lambda g: g.rows),
+    Column("ours", 8, lambda g: g.ours_gbps, ".2f"),
+    Column("reference", 10, lambda g: g.reference_gbps, ".2f"),
+    Column("one copy", 9, lambda g: g.one_copy_gbps, ".2f"),
+    Column("x ref", 7, lambda g: f"{g.speedup_vs_reference:.1f}x"),
+)
 
 
-def _run_submission(args: argparse.Namespace) -> int:
-    from .submission_bench import bench_submission, marginal_ns
-
-    repeats = max(args.repeats, 50)
-    figures = bench_submission(repeats)
-    print(f"swap submission host cost, SIMULATED vendor libraries, vendor batch call stubbed out (torch {torch.__version__}, "
-          f"load {os.getloadavg()[0]:.2f}); us per swap_blocks_batch, {repeats} runs")
-    print()
-    print(f"{'backend':<52} {'count':>6} {'calls':>5} {'best us':>8} {'median us':>9} {'plain us':>9} {'x plain':>8}")
-    for f in figures:
-        print(f"{f.backend:<52} {f.descriptors:>6} {f.vendor_calls:>5} {f.ours_best_us:>8.1f} {f.ours_median_us:>9.1f} "
-              f"{f.plain_us:>9.0f} {f.speedup_vs_plain:>7.0f}x")
-    print()
-    for name in dict.fromkeys(f.backend for f in figures):
-        extra = marginal_ns(figures, name)
-        if extra is not None:
-            print(f"{name}: {extra:.1f} ns per extra descriptor (fastest runs, smallest to largest batch)")
-    print("plain = a Python loop checking each descriptor against the regions and building three ctypes arrays")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"submission": [dict(dataclasses.asdict(f), speedup_vs_plain=f.speedup_vs_plain) for f in figures]},
-                      handle, indent=2)
-    return 0
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark and print a table; returns the exit code."""
-    if getattr(args, "submission", False):
-        return _run_submission(args)
-    backend = get_backend(args.backend)
-    with _side_stream(backend.device):
-        swaps = bench_swaps(backend, args.swap_mib << 20, args.repeats)
-    gathers = bench_gathers(backend, args.repeats)
-    print(f"backend {backend.name} on {backend.device} (torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"load {os.getloadavg()[0]:.2f}); GB/s, median of {args.repeats}")
-    print()
+def print_figures(swaps: list[SwapFigure], gathers: list[GatherFigure]) -> None:
+    """Print the swap and gather tables (GB/s; ratios against the loop, the reference and one copy)."""
     print("swap_blocks_batch: device->host, permuted destinations")
-    print(f"{'block':>8} {'count':>7} {'ours':>8} {'loop':>8} {'one copy':>9} {'x loop':>7} {'of limit':>8} {'check us':>9}  loop kind")
-    for f in swaps:
-        print(f"{f.block_bytes:>8} {f.descriptors:>7} {f.ours_gbps:>8.2f} {f.loop_gbps:>8.2f} {f.one_copy_gbps:>9.2f} "
-              f"{f.speedup_vs_loop:>6.1f}x {f.fraction_of_limit:>7.0%} {f.check_us:>9.0f}  {f.loop_kind}")
+    print("\n".join(format_table(SWAP_COLUMNS, swaps)))
     print()
     print("gather_resident_rows: 656-byte rows (fp8_ds_mla), random ids, 1% of them -1")
-    print(f"{'rows':>8} {'ours':>8} {'reference':>10} {'one copy':>9} {'x ref':>7}")
-    for g in gathers:
-        print(f"{g.rows:>8} {g.ours_gbps:>8.2f} {g.reference_gbps:>10.2f} {g.one_copy_gbps:>9.2f} {g.speedup_vs_reference:>6.1f}x")
-    if getattr(args, "plot", None):
-        from .bench_plot import plot_swaps
+    print("\n".join(format_table(GATHER_COLUMNS, gathers)))
 
-        plot_swaps(swaps, args.plot, f"swap_blocks_batch on {backend.name} ({backend.device}), device->host, "
-                   f"{args.swap_mib} MiB per case, permuted destinations; torch {torch.__version__}")
-        print(f"plot written to {args.plot}")
-    if args.json:
-        payload = {
-            "backend": backend.name,
-            "device": str(backend.device),
-            "torch": torch.__version__,
-            "capabilities": backend.capabilities.as_dict(),
-            "swaps": [dict(dataclasses.asdict(f), speedup_vs_loop=f.speedup_vs_loop, fraction_of_limit=f.fraction_of_limit) for f in swaps],
-            "gathers": [dict(dataclasses.asdict(g), speedup_vs_reference=g.speedup_vs_reference) for g in gathers],
-        }
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, default=str)
-    return 0
+
+def figures_as_json(swaps: list[SwapFigure], gathers: list[GatherFigure]) -> dict[str, list[dict[str, object]]]:
+    """The figures with their ratios, JSON-ready."""
+    return {
+        "swaps": [dict(dataclasses.asdict(f), speedup_vs_loop=f.speedup_vs_loop, fraction_of_limit=f.fraction_of_limit)
+                  for f in swaps],
+        "gathers": [dict(dataclasses.asdict(g), speedup_vs_reference=g.speedup_vs_reference) for g in gathers],
+    }
