@@ -14,11 +14,8 @@ import ctypes
 import dataclasses
 import functools
 import importlib
-import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +25,8 @@ import torch
 
 from ..backend import HiSparseBackend
 from ..errors import BackendUnavailableError, InvalidDescriptorError
+from .table import Column, format_table, write_json
+from .timing import time_runs
 
 __all__ = [
     "SubmissionFigure",
@@ -170,14 +169,9 @@ def plain_marshalling(
 
 
 def _times_us(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """``(fastest, median)`` microseconds of ``repeats`` timed runs after one warm-up."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e6, statistics.median(times) * 1e6
+    """``(fastest, median)`` host microseconds of ``repeats`` timed runs after one warm-up."""
+    timing = time_runs(fn, repeats)
+    return timing.best_s * 1e6, timing.median_s * 1e6
 
 
 def _time_batch(
@@ -284,17 +278,25 @@ def marginal_ns(figures: list[SubmissionFigure], backend: str) -> float | None:
     return (b.ours_best_us - a.ours_best_us) * 1e3 / (b.descriptors - a.descriptors)
 
 
+SUBMISSION_COLUMNS = (
+    Column("backend", 52, lambda f: f.backend, align="<"),
+    Column("count", 6, lambda f: f.descriptors),
+    Column("calls", 5, lambda f: f.vendor_calls),
+    Column("best us", 8, lambda f: f.ours_best_us, ".1f"),
+    Column("median us", 9, lambda f: f.ours_median_us, ".1f"),
+    Column("plain us", 9, lambda f: f.plain_us, ".0f"),
+    Column("x plain", 8, lambda f: f"{f.speedup_vs_plain:.0f}x"),
+)
+
+
 def run(args: argparse.Namespace) -> int:
     """``bench --submission``: measure and print the table (and ``--json``); returns the exit code."""
     repeats = max(args.repeats, 50)
     figures = bench_submission(repeats)
-    print(f"swap submission host cost, SIMULATED vendor libraries, vendor batch call stubbed out (torch {torch.__version__}, "
-          f"load {os.getloadavg()[0]:.2f}); us per swap_blocks_batch, {repeats} runs")
+    print(f"swap submission host cost, SIMULATED vendor libraries, vendor batch call stubbed out "
+          f"(torch {torch.__version__}, load {os.getloadavg()[0]:.2f}); us per swap_blocks_batch, {repeats} runs")
     print()
-    print(f"{'backend':<52} {'count':>6} {'calls':>5} {'best us':>8} {'median us':>9} {'plain us':>9} {'x plain':>8}")
-    for f in figures:
-        print(f"{f.backend:<52} {f.descriptors:>6} {f.vendor_calls:>5} {f.ours_best_us:>8.1f} {f.ours_median_us:>9.1f} "
-              f"{f.plain_us:>9.0f} {f.speedup_vs_plain:>7.0f}x")
+    print("\n".join(format_table(SUBMISSION_COLUMNS, figures)))
     print()
     for name in dict.fromkeys(f.backend for f in figures):
         extra = marginal_ns(figures, name)
@@ -302,7 +304,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: {extra:.1f} ns per extra descriptor (fastest runs, smallest to largest batch)")
     print("plain = a Python loop checking each descriptor against the regions and building three ctypes arrays")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"submission": [dict(dataclasses.asdict(f), speedup_vs_plain=f.speedup_vs_plain) for f in figures]},
-                      handle, indent=2)
+        write_json(args.json, {"submission": [dict(dataclasses.asdict(f), speedup_vs_plain=f.speedup_vs_plain)
+                                              for f in figures]})
     return 0
