@@ -191,7 +191,7 @@ def resolve_union_kernel(
                         cell = tl.where(done, h, cell)
                         active = active & ~done
                         h = tl.where(active, (h + 1) % table_size, h)
-                    tl.store(cells_ptr + cell_base + p, cell.to(tl.int32), mask=mc)
+                    tl.store(cells_ptr + cell_base + p.to(tl.int64), cell.to(tl.int32), mask=mc)
             tl.debug_barrier()
             union = 0
             for i in range(0, table_size, BLOCK_K):
@@ -296,8 +296,8 @@ def resolve_residency_kernel(
                     ev_i = ev.to(tl.int32)
                     hit_rank = hits_slots + tl.cumsum(hit_i, axis=0) - hit_i
                     ev_rank = evictable + tl.cumsum(ev_i, axis=0) - ev_i
-                    tl.store(order_ptr + order + ev_rank, slot.to(tl.int32), mask=ev)
-                    tl.store(order_ptr + order + (H - 1 - hit_rank), slot.to(tl.int32), mask=hit)
+                    tl.store(order_ptr + order + ev_rank.to(tl.int64), slot.to(tl.int32), mask=ev)
+                    tl.store(order_ptr + order + (H - 1 - hit_rank.to(tl.int64)), slot.to(tl.int32), mask=hit)
                     tl.store(kind_ptr + table + found, tl.full([BLOCK_H], _KIND_HIT, tl.int32), mask=hit)
                     tl.store(slot_ptr + table + found, slot.to(tl.int32), mask=hit)
                     hits_slots += tl.sum(hit_i, axis=0)
@@ -309,7 +309,7 @@ def resolve_residency_kernel(
                         cols = c0 + cols_k
                         mc = cols < K
                         p = ((r - r0) * K + cols).to(tl.int32)
-                        cell = tl.load(cells_ptr + cell_base + p, mask=mc, other=-1).to(tl.int64)
+                        cell = tl.load(cells_ptr + cell_base + p.to(tl.int64), mask=mc, other=-1).to(tl.int64)
                         host = mc & (cell >= 0)
                         safe = tl.where(host, cell, 0)
                         first = tl.load(first_ptr + table + safe, mask=host, other=-1)
@@ -350,7 +350,7 @@ def resolve_residency_kernel(
                                         host_rows, HAS_SRC, HAS_RES)
                     p = ((r - r0) * K + cols).to(tl.int32)
                     host = mc & (res < 0) & (g >= 0)
-                    cell = tl.load(cells_ptr + cell_base + p, mask=host, other=0).to(tl.int64)
+                    cell = tl.load(cells_ptr + cell_base + p.to(tl.int64), mask=host, other=0).to(tl.int64)
                     kind = tl.load(kind_ptr + table + cell, mask=host, other=_KIND_INVALID)
                     slot = tl.load(slot_ptr + table + cell, mask=host, other=0)
                     first = tl.load(first_ptr + table + cell, mask=host, other=-1)
