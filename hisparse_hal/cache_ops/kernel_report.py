@@ -14,6 +14,8 @@ import functools
 import importlib.util
 import io
 import json
+import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -94,37 +96,50 @@ def targets_of(text: str) -> list[str]:
     return names
 
 
-@functools.lru_cache(maxsize=1)
-def compiler_kernels() -> types.ModuleType:
-    """A private copy of the kernel module defined for the compiler (``JITFunction``\\ s), whatever
-    ``TRITON_INTERPRET`` says: the interpreter's copy cannot be compiled.
+@functools.cache
+def compiler_kernels(path: str | None = None) -> types.ModuleType:
+    """A private copy of a kernel module (default: ``triton_kernels.py``) whose kernels are defined for the
+    compiler (JIT functions), whatever ``TRITON_INTERPRET`` says: the interpreter's copy cannot be compiled.
 
     Raises:
         UnsupportedCapabilityError: triton is not installed or does not import.
     """
-    path = Path(__file__).with_name("triton_kernels.py")
-    spec = importlib.util.spec_from_file_location("hisparse_hal.cache_ops._triton_kernels_compiled", path)
-    if spec is None or spec.loader is None:  # pragma: no cover - the file ships with the package
-        raise UnsupportedCapabilityError(f"cannot load {path}")
+    source = Path(path) if path else Path(__file__).with_name("triton_kernels.py")
+    spec = importlib.util.spec_from_file_location(f"hisparse_hal._compiled_kernels.{source.stem}", source)
+    if spec is None or spec.loader is None:
+        raise UnsupportedCapabilityError(f"cannot load kernels from {source}")
     module = importlib.util.module_from_spec(spec)
-    try:
-        import triton
-    except ImportError as exc:
-        raise UnsupportedCapabilityError(
-            f"hisparse-hal kernels needs triton, which does not import here ({exc}); install 'hisparse-hal[triton]'"
-        ) from exc
+    triton = _triton()
     with triton.knobs.runtime.scope():
         triton.knobs.runtime.interpret = False
         spec.loader.exec_module(module)
     return module
 
 
-def _specialize(case: KernelCase, target: Any) -> tuple[Any, Any, dict[str, Any]]:
+def _triton() -> types.ModuleType:
+    try:
+        import triton
+    except ImportError as exc:
+        raise UnsupportedCapabilityError(
+            f"hisparse-hal kernels needs triton, which does not import here ({exc}); install 'hisparse-hal[triton]'"
+        ) from exc
+    return triton
+
+
+def compiler_ready() -> bool:
+    """Whether this process can compile: triton's own library functions (``tl.max``, ``tl.cumsum``) are
+    decorated when triton is imported, as interpreter functions if ``TRITON_INTERPRET=1`` was set then."""
+    from triton.runtime.jit import JITFunction
+
+    return isinstance(_triton().language.standard.max, JITFunction)
+
+
+def _specialize(case: KernelCase, target: Any, kernels_file: str | None = None) -> tuple[Any, Any, dict[str, Any]]:
     """(ASTSource, backend, options) exactly as ``JITFunction.run`` builds them for this launch and target."""
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    fn = getattr(compiler_kernels(), case.kernel)
+    fn = getattr(compiler_kernels(kernels_file), case.kernel)
     backend = make_backend(target)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     kwargs = dict(case.launch.constexprs)
@@ -138,10 +153,14 @@ def _key(source: Any, target: str) -> str:
                  sorted(source.attrs.items())))
 
 
-def compile_case(case: KernelCase, target: str) -> KernelFacts:
+def compile_case(case: KernelCase, target: str, kernels_file: str | None = None) -> KernelFacts:
     """Compile ``case`` for ``target`` (a :data:`TARGETS` name) and read the compiled kernel's resources.
 
-    A compiler error is a result (``compiled=False`` with the error's text), not an exception.
+    Args:
+        kernels_file: the Python file defining ``case.kernel`` (default: the cache ops' ``triton_kernels.py``).
+
+    Returns:
+        The facts; a compiler error is a result (``compiled=False`` with the error's text), not an exception.
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -150,8 +169,10 @@ def compile_case(case: KernelCase, target: str) -> KernelFacts:
     gpu = GPUTarget(*TARGETS[target])
     log = io.StringIO()
     try:
-        source, _, options = _specialize(case, gpu)
-        with triton.knobs.compilation.scope(), triton.knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+        source, _, options = _specialize(case, gpu, kernels_file)
+        with (triton.knobs.compilation.scope(), triton.knobs.nvidia.scope(), triton.knobs.runtime.scope(),
+              contextlib.redirect_stdout(log)):
+            triton.knobs.runtime.interpret = False  # TRITON_INTERPRET=1 (the interpreter tests') must not leak in
             triton.knobs.compilation.always_compile = True  # ptxas runs, so its -v log is this artifact's
             triton.knobs.nvidia.dump_ptxas_log = True
             compiled = triton.compile(source, target=gpu, options=options)
@@ -227,15 +248,24 @@ def narrow_offsets(ttir: str) -> int:
     return count
 
 
-def compile_cases(cases: Iterable[KernelCase], targets: Sequence[str]) -> list[KernelFacts]:
+def compile_cases(
+    cases: Iterable[KernelCase], targets: Sequence[str], kernels_file: str | None = None
+) -> list[KernelFacts]:
     """:func:`compile_case` for every case and target; a case whose specialization equals an earlier one's
-    (same kernel, signature, constexprs and attributes) reuses that result and names it in ``variant``."""
+    (same kernel, signature, constexprs and attributes) reuses that result and names its shape in ``variant``.
+
+    In a process whose triton was imported for the interpreter (``TRITON_INTERPRET=1``, as the interpreter
+    tests run) the compiles run in a child process without it (:func:`compiler_ready`).
+    """
+    cases = list(cases)
+    if not compiler_ready():
+        return _compile_in_child(cases, targets, kernels_file)
     results: list[KernelFacts] = []
     seen: dict[str, KernelFacts] = {}
     for target in targets:
         for case in cases:
             try:
-                key = _key(_specialize(case, _gpu(target))[0], target)
+                key = _key(_specialize(case, _gpu(target), kernels_file)[0], target)
             except Exception:  # specialization failed: compile_case reports the error
                 key = f"{case.name}@{target}"
             if key in seen:
@@ -243,8 +273,24 @@ def compile_cases(cases: Iterable[KernelCase], targets: Sequence[str]) -> list[K
                 results.append(dataclasses.replace(first, op=case.op, shape=case.shape, production=case.production,
                                                    variant=first.variant or first.shape))
                 continue
-            seen[key] = facts = compile_case(case, target)
+            seen[key] = facts = compile_case(case, target, kernels_file)
             results.append(facts)
+    return results
+
+
+def _compile_in_child(cases: list[KernelCase], targets: Sequence[str], kernels_file: str | None) -> list[KernelFacts]:
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    with tempfile.TemporaryDirectory(prefix="hisparse-kernels-") as folder:
+        request, answer = Path(folder, "request.pickle"), Path(folder, "answer.pickle")
+        request.write_bytes(pickle.dumps((cases, list(targets), kernels_file)))
+        child = f"import {__name__} as report; report._child({str(request)!r}, {str(answer)!r})"
+        done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0 or not answer.exists():
+            raise UnsupportedCapabilityError(
+                f"compiling in a child process without TRITON_INTERPRET failed (rc {done.returncode}): "
+                f"{done.stderr.strip()[-2000:]}"
+            )
+        results: list[KernelFacts] = pickle.loads(answer.read_bytes())  # our own child's file, just written
     return results
 
 
@@ -383,3 +429,11 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(payload, indent=2))
         print(f"wrote {args.json}")
     return 0 if all(f.compiled for f in results) else 1
+
+
+
+def _child(request: str, answer: str) -> None:
+    """The child of :func:`_compile_in_child`: compile the pickled (cases, targets, file), pickle the results."""
+    cases, targets, kernels_file = pickle.loads(Path(request).read_bytes())
+    with _quiet_triton():
+        Path(answer).write_bytes(pickle.dumps(compile_cases(cases, targets, kernels_file)))
