@@ -169,3 +169,27 @@ def test_kernels_command_prints_the_table_and_writes_json_and_dumps(
     assert {p.suffix for p in (dump / "gfx942").iterdir()} >= {".amdgcn", ".ll"}
     sass = next((dump / "sm_100").glob("gather_rows_kernel*.sass")).read_text()
     assert "sm_100" in sass and "Function : gather_rows_kernel" in sass
+
+
+def test_against_device_without_a_gpu_exits_2_naming_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    from hisparse_hal.cache_ops import kernel_device_check
+
+    try:
+        kernel_device_check.device_target()
+    except Exception:
+        pass
+    else:
+        pytest.skip("triton finds a GPU here: ci/gpu-check.sh runs the comparison for real")
+    assert cli.main(["kernels", "--against-device", "--production-only"]) == 2
+    assert "hisparse-hal kernels --against-device: triton finds no GPU here" in capsys.readouterr().err
+
+
+def test_device_comparison_names_each_disagreement() -> None:
+    from hisparse_hal.cache_ops.kernel_device_check import DeviceComparison
+
+    same = DeviceComparison("k", "s", "sm_90", {"compiled": True, "shared_bytes": 8, "registers": 40, "spills": 0},
+                            {"compiled": True, "shared_bytes": 8, "registers": 40, "spill_bytes": 0})
+    assert same.mismatches == []
+    other = DeviceComparison("k", "s", "sm_90", {"compiled": True, "shared_bytes": 16, "registers": 40, "spills": 3},
+                             {"compiled": True, "shared_bytes": 8, "registers": 40, "spill_bytes": 0})
+    assert other.mismatches == ["shared_bytes: device 16 offline 8", "spills: device 3 offline 0 B"]

@@ -387,6 +387,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump", default=None, metavar="DIR", help="write PTX/SASS and AMDGCN per kernel and target")
     parser.add_argument("--production-only", action="store_true",
                         help="only the production shapes (skip the lane-boundary top-k values)")
+    parser.add_argument("--against-device", action="store_true",
+                        help="on a GPU machine: compile through triton's runtime for this device and compare with "
+                             "the offline compile for its target (shared memory, registers, spills)")
 
 
 @contextlib.contextmanager
@@ -401,6 +404,8 @@ def run(args: argparse.Namespace) -> int:
     """``hisparse-hal kernels``: exit 0 when every case compiled for every target, else 1 (2: bad targets)."""
     from .kernel_specs import production_cases
 
+    if args.against_device:
+        return _run_against_device(args)
     try:
         targets = targets_of(args.targets)
     except InvalidArgumentError as exc:
@@ -437,3 +442,29 @@ def _child(request: str, answer: str) -> None:
     cases, targets, kernels_file = pickle.loads(Path(request).read_bytes())
     with _quiet_triton():
         Path(answer).write_bytes(pickle.dumps(compile_cases(cases, targets, kernels_file)))
+
+
+def _run_against_device(args: argparse.Namespace) -> int:
+    """``--against-device``: exit 0 when the device's compile agrees with the offline one on every case,
+    1 on a mismatch, 2 without a GPU triton can use."""
+    from . import kernel_device_check
+    from .kernel_specs import production_cases
+
+    with _quiet_triton():
+        try:
+            rows = kernel_device_check.compare_with_device(production_cases() if args.production_only else all_cases())
+        except UnsupportedCapabilityError as exc:
+            print(f"hisparse-hal kernels --against-device: {exc}", file=sys.stderr)
+            return 2
+    for row in rows:
+        verdict = "; ".join(row.mismatches) or "agree"
+        print(f"{row.kernel}[{row.shape}] {row.target}: device {row.device} offline {row.offline}: {verdict}")
+    bad = [row for row in rows if row.mismatches]
+    print(f"{len(rows) - len(bad)}/{len(rows)} cases agree between the device's compile and the offline report")
+    if args.json:
+        import triton
+
+        Path(args.json).write_text(json.dumps({"triton": triton.__version__, "rows": [r.as_dict() for r in rows]},
+                                              indent=2))
+        print(f"wrote {args.json}")
+    return 1 if bad else 0
