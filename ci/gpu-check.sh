@@ -11,7 +11,7 @@
 # '.[test,rocm]' on AMD, done beforehand, with a GPU build of torch). Every step is bounded with `timeout`; a failing step is
 # recorded in summary.txt and the next step still runs. Exit status: 0 when every step passed.
 # Step limits (seconds) can be lowered to fit a device budget: GPU_CHECK_CONFORMANCE_S, GPU_CHECK_BENCH_S,
-# GPU_CHECK_CACHE_OPS_S, GPU_CHECK_NO_SYNC_S, GPU_CHECK_SCENARIO_S.
+# GPU_CHECK_CACHE_OPS_S, GPU_CHECK_NO_SYNC_S, GPU_CHECK_SCENARIO_S, GPU_CHECK_KERNELS_S.
 set -u
 
 backend="${1:-cuda}"
@@ -72,6 +72,10 @@ step bench "${GPU_CHECK_BENCH_S:-240}" hisparse-hal bench --backend "$backend" -
 # gather-id check's sync rule under torch.cuda.set_sync_debug_mode("error") (skipped without a GPU).
 step cache-ops-bench "${GPU_CHECK_CACHE_OPS_S:-240}" hisparse-hal bench --cache-ops --backend "$backend" --requests 64 --json "$outdir/cache-ops-bench.json"
 step no-sync "${GPU_CHECK_NO_SYNC_S:-120}" "$python" -m pytest -q -p no:cacheprovider tests/test_gather_device_check.py tests/test_cache_ops_torch.py -k "sync"
+# The Triton kernels as this device's triton compiles them (runtime warm-up, production shapes), against the
+# offline compile for the device's target (docs/kernels.md): shared memory, registers and spills must agree.
+step kernels-vs-device "${GPU_CHECK_KERNELS_S:-300}" \
+    hisparse-hal kernels --against-device --production-only --json "$outdir/kernels-device.json"
 step scenario "${GPU_CHECK_SCENARIO_S:-180}" hisparse-hal scenario --ranks 2 --steps 1000 --backend "$backend" --json "$outdir/scenario.json"
 
 echo "finished: $(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$summary"

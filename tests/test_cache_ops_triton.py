@@ -285,6 +285,58 @@ def test_invalidate_clears_every_occurrence_in_the_right_state_row_only() -> Non
     assert dgi.tolist() == [[5, 6, 5, 7], [-1, -1, 6, 6], [6, 6, 6, 6]]
 
 
+def _wild_plan(seed: int, rows: int, columns: int, host_rows: int, hot_rows: int) -> tuple[torch.Tensor, ...]:
+    """Host rows (some past the end: zero-fill, some -1), destinations (some out of range) and counts outside
+    [0, columns], all unique destinations so the copies' order cannot matter."""
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(-1, host_rows + 3, (rows, columns), generator=gen, dtype=I32)
+    dest = torch.randperm(rows * columns + 8, generator=gen)[: rows * columns].to(I32).view(rows, columns) - 4
+    counts = torch.randint(-2, columns + 3, (rows,), generator=gen, dtype=I32)
+    mask = torch.randint(0, 2, (rows, columns), generator=gen, dtype=I32)
+    return src, dest, counts, mask
+
+
+@pytest.mark.parametrize("programs", [1, 3])
+def test_gathers_walk_every_tile_grid_stride_with_fewer_programs_than_tiles(
+    programs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """5 rows x 37 columns in 4-column tiles is 50 tiles; 1 or 3 programs walk them all, as the oracle copies."""
+    monkeypatch.setattr(triton_impl, "_GATHER_PROGRAMS", programs)
+    monkeypatch.setattr(triton_impl, "_GATHER_COLUMNS", 4)
+    host = _host_rows(40, width=48)
+    src, dest, counts, mask = _wild_plan(programs, 5, 37, 40, 5 * 37)
+    launches = triton_impl.plan_gather_compact(host, torch.zeros(47, 4, 48, dtype=torch.uint8), src, dest, counts)
+    assert [launch.grid for launch in launches] == [(programs,)]
+    for op in ("compact", "plan"):
+        got, want = (torch.full((47, 4, 48), 0xCD, dtype=torch.uint8) for _ in range(2))
+        if op == "compact":
+            triton_impl.gather_compact(host, got, src, dest, counts)
+            oracle.gather_compact(host, want, src, dest, counts)
+        else:
+            states = t32([0, -1, 2, 3, -1])
+            att_got, att_want = poisoned(5, 37), poisoned(5, 37)
+            triton_impl.gather_plan(host, got, src, dest, mask, states, att_got, 6)
+            oracle.gather_plan(host, want, src, dest, mask, states, att_want, 6)
+            assert torch.equal(att_got, att_want)
+        assert not torch.equal(got, torch.full_like(got, 0xCD)), f"gather_{op} copied nothing"
+        assert torch.equal(got, want), f"gather_{op} with {programs} program(s) differs from the oracle"
+
+
+def test_counting_launches_counts_a_decode_step_by_kernel_and_nests() -> None:
+    ex = Example()
+    host, hot = _host_rows(64, width=16), torch.zeros(40, 4, 16, dtype=torch.uint8)
+    with triton_impl.counting_launches() as step:
+        out = ex.step([[1, 6, 9], [0, 5, -1]])
+        with triton_impl.counting_launches() as compact:
+            triton_impl.gather_compact(host, hot, out.swap_host, out.swap_device, out.swap_counts)
+        triton_impl.gather_compact(host, hot, out.swap_host[:0], out.swap_device[:0], out.swap_counts[:0])  # empty
+    assert dict(step) == {"resolve_union_kernel": 1, "resolve_residency_kernel": 1, "gather_rows_kernel": 1}
+    assert dict(compact) == {"gather_rows_kernel": 1} and sum(step.values()) == 3
+    assert triton_impl._COUNTERS == []  # closed counters stop counting
+    triton_impl.invalidate_written_slots(ex.dgi, ex.states, t32([0]), torch.tensor([21]))
+    assert sum(step.values()) == 3
+
+
 # --------------------------------------------------------------------------------------------- availability
 def test_without_triton_the_ops_raise_a_typed_error_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "triton", None)
@@ -360,7 +412,8 @@ def test_generated_sequences_match_the_oracle_bit_for_bit(
 @pytest.mark.parametrize("index", range(12))
 def test_generated_sequence_with_4_lane_tiles_matches_the_oracle(index: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiles of 4 lanes: top-k, slots and rows span several tiles, so the scans' carries between tiles run (the
-    default tiles hold a whole row at these shapes; at DeepSeek's top-k 2048 they do not)."""
+    default tiles hold a whole row at these shapes; at DeepSeek's top-k 2048 they do not); 2 gather programs."""
     pow2 = triton_impl._pow2
     monkeypatch.setattr(triton_impl, "_pow2", lambda n, floor=16, cap=None: pow2(n, floor=4, cap=4))
+    monkeypatch.setattr(triton_impl, "_GATHER_PROGRAMS", 2)  # and the gathers' tiles walked by 2 programs
     _assert_matches_oracle(index, build_sequence(SEED_BASE + 1_000_000 + index, SHAPES[index % len(SHAPES)]))

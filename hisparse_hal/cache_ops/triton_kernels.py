@@ -110,9 +110,9 @@ def _write_index(hot_ptr, att_ptr, att_stride0, r64, cols, x, mask, block_size, 
 
 
 @triton.jit
-def _run_of(r0, N, rid_ptr, HAS_RID: tl.constexpr):
-    """(request row q, whether row r0 starts a run, the run's end r1): a run is a maximal block of rows with
-    one request id; without request ids every row is its own run."""
+def _run_start(r0, rid_ptr, HAS_RID: tl.constexpr):
+    """(request row q, whether row r0 starts a run): a run is a maximal block of rows with one request id;
+    without request ids every row is its own run. Two loads, no scan: rows that do not lead exit after this."""
     if HAS_RID:
         q = tl.load(rid_ptr + r0).to(tl.int64)
         prev = tl.load(rid_ptr + tl.maximum(r0 - 1, 0)).to(tl.int64)
@@ -120,13 +120,19 @@ def _run_of(r0, N, rid_ptr, HAS_RID: tl.constexpr):
     else:
         q = r0
         is_leader = r0 >= 0
+    return q, is_leader
+
+
+@triton.jit
+def _run_end(r0, q, N, rid_ptr, HAS_RID: tl.constexpr):
+    """One past the last row of the run that row ``r0`` leads (called by leaders only)."""
     r1 = r0 + 1
     if HAS_RID:
         nxt = tl.load(rid_ptr + tl.minimum(r1, N - 1)).to(tl.int64)
         while (r1 < N) & (nxt == q):
             r1 += 1
             nxt = tl.load(rid_ptr + tl.minimum(r1, N - 1)).to(tl.int64)
-    return q, is_leader, r1
+    return r1
 
 
 @triton.jit
@@ -148,10 +154,11 @@ def resolve_union_kernel(
     earlier run with it fitted ``max_union_rows``, which needs every run's union size first.
     """
     r0 = tl.program_id(0).to(tl.int64)
-    q, is_leader, r1 = _run_of(r0, N, rid_ptr, HAS_RID)
+    q, is_leader = _run_start(r0, rid_ptr, HAS_RID)
     if is_leader:
         s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
         if s >= 0:
+            r1 = _run_end(r0, q, N, rid_ptr, HAS_RID)
             positions = (r1 - r0) * K
             cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
             table = r0 * K * 2  # this run's hash table: 2 cells per position, load factor <= 1/2
@@ -184,7 +191,7 @@ def resolve_union_kernel(
                         cell = tl.where(done, h, cell)
                         active = active & ~done
                         h = tl.where(active, (h + 1) % table_size, h)
-                    tl.store(cells_ptr + cell_base + p, cell.to(tl.int32), mask=mc)
+                    tl.store(cells_ptr + cell_base + p.to(tl.int64), cell.to(tl.int32), mask=mc)
             tl.debug_barrier()
             union = 0
             for i in range(0, table_size, BLOCK_K):
@@ -223,8 +230,9 @@ def resolve_residency_kernel(
     classify the run's slots in LRU order, give misses the oldest evictable slots, publish indices and counts,
     rewrite the LRU. Padding, overflowing and state-sharing runs get padding outputs only."""
     r0 = tl.program_id(0).to(tl.int64)
-    q, is_leader, r1 = _run_of(r0, N, rid_ptr, HAS_RID)
+    q, is_leader = _run_start(r0, rid_ptr, HAS_RID)
     if is_leader:
+        r1 = _run_end(r0, q, N, rid_ptr, HAS_RID)
         s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
         usable = s >= 0
         union = 0
@@ -288,8 +296,8 @@ def resolve_residency_kernel(
                     ev_i = ev.to(tl.int32)
                     hit_rank = hits_slots + tl.cumsum(hit_i, axis=0) - hit_i
                     ev_rank = evictable + tl.cumsum(ev_i, axis=0) - ev_i
-                    tl.store(order_ptr + order + ev_rank, slot.to(tl.int32), mask=ev)
-                    tl.store(order_ptr + order + (H - 1 - hit_rank), slot.to(tl.int32), mask=hit)
+                    tl.store(order_ptr + order + ev_rank.to(tl.int64), slot.to(tl.int32), mask=ev)
+                    tl.store(order_ptr + order + (H - 1 - hit_rank.to(tl.int64)), slot.to(tl.int32), mask=hit)
                     tl.store(kind_ptr + table + found, tl.full([BLOCK_H], _KIND_HIT, tl.int32), mask=hit)
                     tl.store(slot_ptr + table + found, slot.to(tl.int32), mask=hit)
                     hits_slots += tl.sum(hit_i, axis=0)
@@ -301,7 +309,7 @@ def resolve_residency_kernel(
                         cols = c0 + cols_k
                         mc = cols < K
                         p = ((r - r0) * K + cols).to(tl.int32)
-                        cell = tl.load(cells_ptr + cell_base + p, mask=mc, other=-1).to(tl.int64)
+                        cell = tl.load(cells_ptr + cell_base + p.to(tl.int64), mask=mc, other=-1).to(tl.int64)
                         host = mc & (cell >= 0)
                         safe = tl.where(host, cell, 0)
                         first = tl.load(first_ptr + table + safe, mask=host, other=-1)
@@ -342,7 +350,7 @@ def resolve_residency_kernel(
                                         host_rows, HAS_SRC, HAS_RES)
                     p = ((r - r0) * K + cols).to(tl.int32)
                     host = mc & (res < 0) & (g >= 0)
-                    cell = tl.load(cells_ptr + cell_base + p, mask=host, other=0).to(tl.int64)
+                    cell = tl.load(cells_ptr + cell_base + p.to(tl.int64), mask=host, other=0).to(tl.int64)
                     kind = tl.load(kind_ptr + table + cell, mask=host, other=_KIND_INVALID)
                     slot = tl.load(slot_ptr + table + cell, mask=host, other=0)
                     first = tl.load(first_ptr + table + cell, mask=host, other=-1)
@@ -398,48 +406,58 @@ def resolve_residency_kernel(
 @triton.jit
 def gather_rows_kernel(
     host_ptr, hot_ptr, gi_ptr, hi_ptr, mask_ptr, counts_ptr, rsi_ptr, att_ptr,
-    C, host_rows, hot_rows, block_size, block_stride_w, row_stride_w, row_words, att_block_stride,
+    C, tiles_per_row, tiles, host_rows, hot_rows, block_size, block_stride_w, row_stride_w, row_words,
+    att_block_stride,
     COMPACT: tl.constexpr, HAS_RSI: tl.constexpr, HAS_ATT: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
-    """Copy host rows into hot rows for ``BLOCK_C`` columns of one plan row.
+    """Copy host rows into hot rows, ``BLOCK_C`` plan columns (rows to copy) per tile; grid-stride over tiles.
 
-    ``COMPACT``: the first ``clamp(counts[r], 0, C)`` columns (gather_compact); else the columns whose
-    mask is nonzero, skipping padding rows (gather_plan). ``g >= host_rows`` zero-fills; negative or
-    out-of-range destinations are skipped.
+    Tile ``i`` is columns ``[c0, c0 + BLOCK_C)`` of plan row ``i // tiles_per_row``; program ``p`` does tiles
+    ``p, p + P, ...`` of the ``tiles`` (``P`` programs), so the grid stays fixed whatever the batch.
+    ``COMPACT``: the first ``clamp(counts[r], 0, C)`` columns (gather_compact); a tile past the count reads
+    nothing more. Else the columns whose mask is nonzero, skipping padding rows (gather_plan). ``g >= host_rows``
+    zero-fills; negative or out-of-range destinations are skipped. Addresses are int64.
     """
-    r = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
-    mc = cols < C
-    d = tl.load(hi_ptr + r * C + cols, mask=mc, other=-1).to(tl.int64)
-    if COMPACT:
-        n = tl.load(counts_ptr + r)
-        n = tl.minimum(tl.maximum(n, 0), C)
-        take = mc & (cols < n)
-    else:
-        if HAS_RSI:
-            state = tl.load(rsi_ptr + r)
-        else:
-            state = 0
-        pad = state < 0
-        if HAS_ATT:
-            att = tl.where(((d < 0) | pad) != 0, -1, (d // block_size) * att_block_stride + d % block_size)
-            tl.store(att_ptr + r * C + cols, att.to(tl.int32), mask=mc)
-        flagged = tl.load(mask_ptr + r * C + cols, mask=mc, other=0)
-        take = (mc & (flagged != 0) & ~pad) != 0
-    g = tl.load(gi_ptr + r * C + cols, mask=take, other=-1).to(tl.int64)
-    take = take & (g >= 0) & (d >= 0) & (d < hot_rows)
-    from_host = take & (g < host_rows)
     words = tl.arange(0, BLOCK_W).to(tl.int64)
-    for w0 in range(0, row_words, BLOCK_W):
-        w = w0 + words
-        mw = w < row_words
-        src = host_ptr + tl.where(from_host, g, 0)[:, None] * row_words + w[None, :]
-        vals = tl.load(src, mask=from_host[:, None] & mw[None, :], other=0)
-        dsafe = tl.where(take, d, 0)
-        row_start = (dsafe // block_size) * block_stride_w + (dsafe % block_size) * row_stride_w
-        dst = hot_ptr + row_start[:, None] + w[None, :]
-        tl.store(dst, vals, mask=take[:, None] & mw[None, :])
+    lanes = tl.arange(0, BLOCK_C).to(tl.int64)
+    for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        r = (tile // tiles_per_row).to(tl.int64)
+        c0 = (tile % tiles_per_row).to(tl.int64) * BLOCK_C
+        if COMPACT:
+            n = tl.minimum(tl.maximum(tl.load(counts_ptr + r), 0), C).to(tl.int64)
+            work = c0 < n
+        else:
+            work = c0 < C
+        if work:
+            cols = c0 + lanes
+            mc = cols < C
+            d = tl.load(hi_ptr + r * C + cols, mask=mc, other=-1).to(tl.int64)
+            if COMPACT:
+                take = mc & (cols < n)
+            else:
+                if HAS_RSI:
+                    state = tl.load(rsi_ptr + r)
+                else:
+                    state = 0
+                pad = state < 0
+                if HAS_ATT:
+                    att = tl.where(((d < 0) | pad) != 0, -1, (d // block_size) * att_block_stride + d % block_size)
+                    tl.store(att_ptr + r * C + cols, att.to(tl.int32), mask=mc)
+                flagged = tl.load(mask_ptr + r * C + cols, mask=mc, other=0)
+                take = (mc & (flagged != 0) & ~pad) != 0
+            g = tl.load(gi_ptr + r * C + cols, mask=take, other=-1).to(tl.int64)
+            take = take & (g >= 0) & (d >= 0) & (d < hot_rows)
+            from_host = take & (g < host_rows)
+            dsafe = tl.where(take, d, 0)
+            row_start = (dsafe // block_size) * block_stride_w + (dsafe % block_size) * row_stride_w
+            src_start = tl.where(from_host, g, 0) * row_words  # int64: host rows x row words passes 2^31
+            for w0 in range(0, row_words, BLOCK_W):
+                w = w0 + words
+                mw = w < row_words
+                vals = tl.load(host_ptr + src_start[:, None] + w[None, :], mask=from_host[:, None] & mw[None, :],
+                               other=0)
+                tl.store(hot_ptr + row_start[:, None] + w[None, :], vals, mask=take[:, None] & mw[None, :])
 
 
 @triton.jit
