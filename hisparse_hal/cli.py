@@ -163,10 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_cmd_bench)
 
     kernels = sub.add_parser("kernels", help="compile the Triton cache-ops kernels for GPU targets, offline, and report")
-    from .cache_ops import kernel_report
+    from .cache_ops import kernel_report, kernels_command
 
     kernel_report.add_arguments(kernels)
-    kernels.set_defaults(func=kernel_report.run)
+    kernels.set_defaults(func=kernels_command.run)
 
     scenario = sub.add_parser("scenario", help="run the tensor-parallel shared-pool offload scenario across processes")
     scenario.add_argument("--ranks", type=int, default=2, help="processes; rank 0 writes the shared pool (default 2)")

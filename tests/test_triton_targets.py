@@ -32,7 +32,7 @@ TARGETS = tuple(kernel_report.TARGETS)
 @pytest.fixture(scope="module")
 def results() -> list[KernelFacts]:
     """Production cases x every target, then top-k 1 and 65 on gfx942: compiled once per test session."""
-    with kernel_report._quiet_triton():
+    with kernel_report.quiet_triton():
         return (kernel_report.compile_cases(kernel_specs.production_cases(), TARGETS)
                 + kernel_report.compile_cases(kernel_specs.lane_cases((1, 65)), ["gfx942"]))
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hisparse_hal.cache_ops.shapes import BLOCK, ROW_BYTES, TOP_K
 from hisparse_hal.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -28,9 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CacheOpsCase", "CacheOpsFigure", "bench_case", "add_arguments", "run", "DEFAULT_REQUESTS"]
 
-ROW_BYTES = 656  # fp8_ds_mla (vLLM runtime.py FP8_DS_MLA_ROW_BYTES)
-TOP_K = 2048  # DeepSeek-V3.2 index top-k
-BLOCK = 64  # KV block size
 DEFAULT_REQUESTS = (64, 128, 256, 512)
 
 

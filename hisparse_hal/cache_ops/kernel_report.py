@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import importlib.util
 import io
-import json
 import os
 import pickle
 import re
@@ -29,11 +28,11 @@ from typing import Any
 
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 
-from .kernel_specs import KernelCase, all_cases
+from .kernel_specs import KernelCase
 
 __all__ = [
     "TARGETS", "SHARED_LIMIT_BYTES", "KernelFacts", "compile_case", "compile_cases", "format_table",
-    "add_arguments", "run",
+    "add_arguments", "quiet_triton", "summary", "dump", "targets_of",
 ]
 
 #: Target name -> (triton backend, arch, lanes per warp/wavefront): H100/H200, B200, MI300X, MI355X.
@@ -393,78 +392,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_triton() -> Iterator[None]:
+def quiet_triton() -> Iterator[None]:
     """Triton 3.9 warns that TRITON_DEFAULT_FP_FUSION is unset; the kernels have no floating-point math."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION")
         yield
 
 
-def run(args: argparse.Namespace) -> int:
-    """``hisparse-hal kernels``: exit 0 when every case compiled for every target, else 1 (2: bad targets)."""
-    from .kernel_specs import production_cases
-
-    if args.against_device:
-        return _run_against_device(args)
-    try:
-        targets = targets_of(args.targets)
-    except InvalidArgumentError as exc:
-        print(f"hisparse-hal kernels: {exc}", file=sys.stderr)
-        return 2
-    with _quiet_triton():
-        cases = production_cases() if args.production_only else all_cases()
-        results = compile_cases(cases, targets)
-    print(format_table(results))
-    print()
-    totals = summary(results)
-    for target, line in totals.items():
-        print(f"{target}: {line['compiled']}/{line['cases']} compiled; max shared {line['max_shared_bytes']} B "
-              f"(limit {line['shared_limit_bytes']}); max registers {line['max_registers']}; "
-              f"max spill {line['max_spill_bytes']} B; 32-bit pointer offsets {line['narrow_offsets']}")
-    print("compiled, not run: these figures say what a GPU would be asked for, not that the kernels work there")
-    if args.dump:
-        for note in dump(results, Path(args.dump)):
-            print(note)
-        print(f"wrote {args.dump}")
-    if args.json:
-        import triton
-
-        payload = {"triton": triton.__version__, "targets": targets, "summary": totals,
-                   "results": [f.as_dict() for f in results]}
-        Path(args.json).write_text(json.dumps(payload, indent=2))
-        print(f"wrote {args.json}")
-    return 0 if all(f.compiled for f in results) else 1
-
-
-
 def _child(request: str, answer: str) -> None:
     """The child of :func:`_compile_in_child`: compile the pickled (cases, targets, file), pickle the results."""
     cases, targets, kernels_file = pickle.loads(Path(request).read_bytes())
-    with _quiet_triton():
+    with quiet_triton():
         Path(answer).write_bytes(pickle.dumps(compile_cases(cases, targets, kernels_file)))
-
-
-def _run_against_device(args: argparse.Namespace) -> int:
-    """``--against-device``: exit 0 when the device's compile agrees with the offline one on every case,
-    1 on a mismatch, 2 without a GPU triton can use."""
-    from . import kernel_device_check
-    from .kernel_specs import production_cases
-
-    with _quiet_triton():
-        try:
-            rows = kernel_device_check.compare_with_device(production_cases() if args.production_only else all_cases())
-        except UnsupportedCapabilityError as exc:
-            print(f"hisparse-hal kernels --against-device: {exc}", file=sys.stderr)
-            return 2
-    for row in rows:
-        verdict = "; ".join(row.mismatches) or "agree"
-        print(f"{row.kernel}[{row.shape}] {row.target}: device {row.device} offline {row.offline}: {verdict}")
-    bad = [row for row in rows if row.mismatches]
-    print(f"{len(rows) - len(bad)}/{len(rows)} cases agree between the device's compile and the offline report")
-    if args.json:
-        import triton
-
-        Path(args.json).write_text(json.dumps({"triton": triton.__version__, "rows": [r.as_dict() for r in rows]},
-                                              indent=2))
-        print(f"wrote {args.json}")
-    return 1 if bad else 0

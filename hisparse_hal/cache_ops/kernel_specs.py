@@ -12,7 +12,7 @@ import dataclasses
 import torch
 
 from . import triton_impl
-from .benchmark import BLOCK, ROW_BYTES, TOP_K
+from .shapes import BLOCK, ROW_BYTES, TOP_K
 
 __all__ = ["KernelCase", "LANE_TOP_K", "REQUESTS", "production_cases", "lane_cases", "all_cases"]
 
