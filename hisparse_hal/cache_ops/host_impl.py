@@ -10,38 +10,19 @@ from __future__ import annotations
 import torch
 
 from . import arguments, torch_impl
+from .torch_impl import word_rows
 
 __all__ = ["gather_compact", "gather_plan", "invalidate_written_slots", "resolve_residency", "word_rows"]
 
 _I64 = torch.int64
-#: Rows per index_select / index_copy_ round: 2,048 rows of 656 B (1.3 MiB) stay in a core's L2-L3 cache.
-_CHUNK_ROWS = 2048
+#: Rows per index_select / index_copy_ round: 8,192 rows of 656 B (5.4 MiB). At 64 requests 512 rows
+#: per round took 2.9 ms, 8,192 1.8 ms, one round for all 13k rows 3.4 ms (quiet 2-core machine).
+_CHUNK_ROWS = 8192
 
 # Planning and invalidation have no row copies to save: they are torch_impl's vectorized code (no per-value
 # Python), which already costs a small fraction of the oracle (docs/benchmarks.md).
 resolve_residency = torch_impl.resolve_residency
 invalidate_written_slots = torch_impl.invalidate_written_slots
-
-
-def word_rows(cache: torch.Tensor) -> torch.Tensor:
-    """``cache``'s rows reinterpreted in the widest integer word its layout allows (8, 4, 2 or 1 bytes).
-
-    Rows are a multiple of 16 bytes (checked by :mod:`.arguments`), so the word is limited only by the
-    storage offset and the strides; torch's ``view(dtype)`` refuses any view that would misalign.
-
-    Args:
-        cache: a tensor whose last dimension is stride 1.
-
-    Returns:
-        A view of the same bytes with the same leading dimensions.
-    """
-    raw = cache if cache.dtype == torch.uint8 else cache.view(torch.uint8)
-    for word in (torch.int64, torch.int32, torch.int16):
-        try:
-            return raw.view(word)
-        except RuntimeError:
-            continue
-    return raw
 
 
 def _copy_planned_rows(host_cache: torch.Tensor, hot_cache: torch.Tensor, source: torch.Tensor,
@@ -53,12 +34,13 @@ def _copy_planned_rows(host_cache: torch.Tensor, hot_cache: torch.Tensor, source
     """
     if destination.numel() == 0:
         return
+    # Destination order: each row's last entry survives, and the writes (then, through the plan's layout, the
+    # reads too) walk memory forwards (measured: 1.7-2.2 ms vs 2.5-2.8 ms in plan order at 64 requests).
     ordered, order = torch.sort(destination, stable=True)
     last = torch.ones_like(ordered, dtype=torch.bool)
     last[:-1] = ordered[1:] != ordered[:-1]
-    if not bool(last.all()):
-        keep = order[last]
-        source, destination = source[keep], destination[keep]
+    keep = order[last]
+    source, destination = source[keep], ordered[last]
     host = word_rows(host_cache)
     hot = word_rows(hot_cache)
     if hot.dim() == 2:
