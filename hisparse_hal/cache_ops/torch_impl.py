@@ -184,6 +184,11 @@ def resolve_residency(
         resolved_global_indices, valid_counts, swap_host_physical_rows, swap_device_physical_rows,
         swap_counts, resident_block_table, resident_block_size, resident_null_block, error_flags=error_flags,
     )
+    # Full passes (kernels reading or writing a whole [N, K] / [N, H] / [S, H] tensor), counted with a
+    # TorchDispatchMode on a bench step (N = 6, K = 64, S = 3, H = 192, all outputs given): 120 over [N, K]
+    # (6 of them [N*K + 1] spill copies), 46 over [N, H] (slot classification runs per batch row, not per state
+    # row), 6 over [S, H] (the DGI / LRU spill writes). Not reduced yet: classifying per state row would turn
+    # the 46 [N, H] passes into [S, H] ones (a factor Q for MTP batches), the next step for issue 15 item 2.
     num_rows, top_k = global_indices.shape
     if num_rows == 0 or top_k == 0:
         return
