@@ -95,9 +95,7 @@ def _resolve_case(seed: int) -> dict[str, Any]:
         if rng.random() < 0.5:
             args["resident_block_table"] = _i32(rng, (request_rows, rng.randint(1, 4)), hot_blocks)
             args["resident_null_block"] = rng.randint(0, 2)
-    if args["request_state_indices"] is None and "request_ids" not in args:
-        pass
-    elif args["request_state_indices"] is None:
+    if args["request_state_indices"] is None and "request_ids" in args:
         args["request_state_indices"] = torch.arange(request_rows, dtype=torch.int32)
     return args
 
@@ -122,7 +120,7 @@ def _run_resolve(ops: Any, case: dict[str, Any]) -> dict[str, Any]:
         case["block"] if translated else 0, case.get("resident_null_block", 0), error_flags=flags,
     )
     assert guarded.guards_intact(), "resolve_residency wrote outside its tensors"
-    record = {name: t.tolist() for name, t in outputs.items()}
+    record: dict[str, Any] = {name: t.tolist() for name, t in outputs.items()}
     record.update(valid=valid.tolist(), swap_counts=swap_counts.tolist(), dgi=dgi.tolist(), lru=lru.tolist(),
                   stats=stats.view(torch.int64).tolist(), flags=int(flags), hot=guarded.hot.tolist())
     return record

@@ -234,7 +234,7 @@ def _peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events: list[Any] = []
-    pending = list(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[union-attr]
+    pending = list(prof.profiler.kineto_results.experimental_event_tree())
     while pending:
         node = pending.pop()
         pending.extend(node.children)
