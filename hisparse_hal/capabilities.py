@@ -47,8 +47,9 @@ class Capabilities:
             False the runtime loops internally, and the batch call only saves per-call host overhead.
         notes: one sentence per decision that a version or architecture forced, with its source.
         cache_ops: which implementation runs the four per-step cache ops (``resolve_residency``,
-            ``gather_compact``, ``gather_plan``, ``invalidate_written_slots``): ``"triton"`` kernels or
-            ``"torch"`` tensor code (:mod:`hisparse_hal.cache_ops.selection`; a note says why).
+            ``gather_compact``, ``gather_plan``, ``invalidate_written_slots``): ``"triton"`` kernels,
+            ``"torch"`` fixed-shape tensor code, or ``"host"`` (CPU device: gathers that copy only the misses)
+            (:mod:`hisparse_hal.cache_ops.selection`; a note says why).
     """
 
     batch_copy: Literal["native", "loop"]
@@ -64,7 +65,7 @@ class Capabilities:
     copy_attributes: bool = False
     batch_copy_accelerated: bool = True
     notes: tuple[str, ...] = ()
-    cache_ops: Literal["triton", "torch"] = "torch"
+    cache_ops: Literal["triton", "torch", "host"] = "torch"
 
     def __post_init__(self) -> None:
         from .errors import InvalidArgumentError
@@ -77,9 +78,9 @@ class Capabilities:
             raise InvalidArgumentError(
                 f"max_batch_descriptors must be None or >= 1, got {self.max_batch_descriptors!r}"
             )
-        if self.cache_ops not in ("triton", "torch"):
+        if self.cache_ops not in ("triton", "torch", "host"):
             raise InvalidArgumentError(
-                f"cache_ops must be 'triton' or 'torch', got {self.cache_ops!r}"
+                f"cache_ops must be 'triton', 'torch' or 'host', got {self.cache_ops!r}"
             )
         unknown = set(self.kv_formats) - KV_FORMATS
         if unknown:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from hisparse_hal.cache_ops import library, oracle, selection, torch_impl
+from hisparse_hal.cache_ops import host_impl, library, oracle, selection, torch_impl
 from hisparse_hal.cache_ops.sequences import SHAPES, SequenceShape, build_sequence, run_sequence
 
 I32 = torch.int32
@@ -80,8 +80,13 @@ def test_register_again_and_reload_keep_one_working_definition() -> None:
     assert dgi.tolist() == [[-1, 7, -1]]
 
 
-def test_cpu_tensors_dispatch_to_torch_impl() -> None:
-    assert library.implementation_for(torch.device("cpu")) is torch_impl
+def test_cpu_tensors_dispatch_to_host_impl(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(selection.CACHE_OPS_ENV, raising=False)
+    library.implementation_for.cache_clear()
+    try:
+        assert library.implementation_for(torch.device("cpu")) is host_impl
+    finally:
+        library.implementation_for.cache_clear()
 
 
 def test_gpu_device_dispatches_to_what_selection_chooses(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -62,14 +62,27 @@ def test_gpu_device_gets_torch_with_the_import_error_when_triton_is_missing() ->
     assert reason == "triton does not import (ModuleNotFoundError: No module named 'triton')"
 
 
-def test_cpu_device_gets_torch_without_importing_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+HOST_REASON = "device cpu is host memory: reading values back costs nothing, so the gathers copy only the misses"
+
+
+def test_cpu_device_gets_host_without_importing_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     _block_triton_import(monkeypatch)  # a probe would now report failure; the reason shows none ran
     choice, reason = choose_cache_ops(CPU, environ={})
-    assert (choice, reason) == ("torch", "device cpu is not a GPU; the Triton kernels compile for GPUs only")
+    assert (choice, reason) == ("host", HOST_REASON)
 
 
-def test_cpu_device_gets_torch_even_with_the_interpreter_on_unless_forced() -> None:
-    assert choose_cache_ops(CPU, INTERPRETER, environ={})[0] == "torch"
+def test_cpu_device_gets_host_even_with_the_interpreter_on_unless_forced() -> None:
+    assert choose_cache_ops(CPU, INTERPRETER, environ={})[0] == "host"
+
+
+def test_override_torch_on_the_cpu_device_runs_the_fixed_shape_code() -> None:
+    assert choose_cache_ops(CPU, INTERPRETER, environ={CACHE_OPS_ENV: "torch"}) == ("torch", f"{CACHE_OPS_ENV}=torch")
+
+
+def test_override_host_on_cpu_is_honoured_and_on_a_gpu_refused() -> None:
+    assert choose_cache_ops(CPU, HAS_TRITON, environ={CACHE_OPS_ENV: "host"}) == ("host", f"{CACHE_OPS_ENV}=host")
+    with pytest.raises(UnsupportedCapabilityError, match=r"HISPARSE_HAL_CACHE_OPS=host on device cuda:0: .*syncs a GPU"):
+        choose_cache_ops(GPU, HAS_TRITON, environ={CACHE_OPS_ENV: "host"})
 
 
 def test_override_torch_wins_on_a_gpu_with_triton() -> None:
@@ -95,7 +108,7 @@ def test_override_triton_without_triton_is_refused_not_ignored() -> None:
 
 
 def test_unknown_override_value_is_rejected_with_the_choices() -> None:
-    expected = r"HISPARSE_HAL_CACHE_OPS must be one of \['triton', 'torch'\], got 'cuda'"
+    expected = r"HISPARSE_HAL_CACHE_OPS must be one of \['triton', 'torch', 'host'\], got 'cuda'"
     with pytest.raises(InvalidArgumentError, match=expected):
         choose_cache_ops(GPU, HAS_TRITON, environ={CACHE_OPS_ENV: "cuda"})
 
@@ -116,7 +129,7 @@ def test_probe_reports_the_installed_version_and_interpreter_flag() -> None:
 
 def test_implementation_module_rejects_unknown_names() -> None:
     assert implementation_module("triton").__name__ == "hisparse_hal.cache_ops.triton_impl"
-    with pytest.raises(InvalidArgumentError, match=r"must be one of \['triton', 'torch'\], got 'cuda'"):
+    with pytest.raises(InvalidArgumentError, match=r"must be one of \['triton', 'torch', 'host'\], got 'cuda'"):
         implementation_module("cuda")
 
 
@@ -134,7 +147,7 @@ def test_capabilities_cache_ops_defaults_to_torch_and_serialises() -> None:
 
 
 def test_capabilities_reject_an_unknown_cache_ops_value() -> None:
-    with pytest.raises(InvalidArgumentError, match="cache_ops must be 'triton' or 'torch', got 'cuda'"):
+    with pytest.raises(InvalidArgumentError, match="cache_ops must be 'triton', 'torch' or 'host', got 'cuda'"):
         Capabilities("native", None, True, None, True, True, False, frozenset({"bf16"}), cache_ops="cuda")  # type: ignore[arg-type]
 
 
@@ -156,12 +169,11 @@ def _assert_compacted(host: torch.Tensor, hot: torch.Tensor) -> None:
     assert int(flat[[3, 4, 5, 7]].sum()) == 0  # past the counts: untouched
 
 
-def test_cpu_device_reports_torch_cache_ops_with_the_reason() -> None:
+def test_cpu_device_reports_host_cache_ops_with_the_reason() -> None:
     backend = CpuBackend()
-    assert backend.capabilities.cache_ops == "torch"
-    reason = "device cpu is not a GPU; the Triton kernels compile for GPUs only"
-    assert f"cache ops: torch ({reason})" in backend.capabilities.notes
-    assert backend.create_cache_ops(None).implementation == "torch"
+    assert backend.capabilities.cache_ops == "host"
+    assert f"cache ops: host ({HOST_REASON})" in backend.capabilities.notes
+    assert backend.create_cache_ops(None).implementation == "host"
 
 
 def test_cpu_device_cache_ops_copy_real_rows() -> None:
@@ -184,7 +196,7 @@ def test_cpu_device_forced_to_triton_runs_the_interpreted_kernels(monkeypatch: p
     _assert_compacted(host, hot)
 
 
-@pytest.mark.parametrize("forced", ["torch", "triton"])
+@pytest.mark.parametrize("forced", ["torch", "triton", "host"])
 def test_cpu_device_cache_ops_run_a_decode_sequence_exactly_as_the_oracle(
     forced: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

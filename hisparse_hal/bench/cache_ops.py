@@ -1,51 +1,70 @@
 """``hisparse-hal bench --cache-ops``: one decode step of the cache ops at DeepSeek-V3.2 HiSparse shapes.
 
-Per case (656-byte fp8_ds_mla rows, top-k 2048, a 4096-slot hot buffer per request, 64 to 512 requests) it
-times resolve_residency + gather_compact in the oracle, torch and Triton implementations on the same
-warmed state, checks that they agree bit for bit, and sets gather_compact's bytes against one contiguous
-copy of the same bytes. Figures are medians of device-synchronized repeats; state is restored untimed.
+Per case (656-byte fp8_ds_mla rows, top-k 2048, Q token rows per request with (Q + 1) x K hot slots, 64 to 512
+requests) it times resolve_residency + gather_compact in each implementation on the same warmed state, checks
+that they agree bit for bit, sets gather_compact against one copy of the same bytes, and measures each call's
+peak extra memory and kernel launches (untimed). Figures are medians of device-synchronized repeats.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import importlib
-import json
 import os
-import statistics
-import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hisparse_hal.cache_ops.shapes import BLOCK, ROW_BYTES, TOP_K
 from hisparse_hal.errors import InvalidArgumentError
+
+from .table import Column, format_header, format_row, write_json
+from .timing import time_runs
 
 if TYPE_CHECKING:
     from hisparse_hal.backend import HiSparseBackend
 
 __all__ = ["CacheOpsCase", "CacheOpsFigure", "bench_case", "add_arguments", "run", "DEFAULT_REQUESTS"]
 
-DEFAULT_REQUESTS = (64, 128, 256, 512)
+DEFAULT_REQUESTS = (64, 128, 512)
+DEFAULT_QUERIES = (1, 2, 4)  # token rows per request: plain decode and MTP with 1 and 3 draft tokens
+#: Implementation modules measured, in table order.
+IMPLEMENTATIONS = ("oracle", "host_impl", "torch_impl", "triton_impl")
 
 
 @dataclasses.dataclass(frozen=True)
 class CacheOpsCase:
-    """One benchmark shape: ``requests`` single-row decode requests of ``context`` tokens each."""
+    """One benchmark shape: ``requests`` decode requests of ``queries`` token rows and ``context`` tokens each.
+
+    ``slots`` (hot slots per request) defaults to vLLM's device_buffer_size, ``(queries + 1) * top_k``.
+    """
 
     requests: int
     context: int = 8192
     top_k: int = TOP_K
-    slots: int = 2 * TOP_K  # device_buffer_size default (Q + 1) * K with Q = 1
-    churn: float = 0.1  # share of the top-k that changes between two steps
+    slots: int | None = None
+    churn: float = 0.1  # share of each row's top-k that changes between two steps
+    queries: int = 1
+
+    @property
+    def hot_slots(self) -> int:
+        return self.slots if self.slots is not None else (self.queries + 1) * self.top_k
 
 
 @dataclasses.dataclass(frozen=True)
 class CacheOpsFigure:
-    """Median seconds of one step (resolve + compact) per implementation; NaN where not run."""
+    """Median seconds of one step (resolve + compact) per implementation, with its memory and launches.
+
+    ``*_peak_bytes``: the most bytes the call had allocated beyond what existed before it (torch's CUDA
+    allocator statistics on a GPU; on CPU the allocation events of torch's profiler memory view).
+    ``launches``: kernels one step dispatches (resolve + compact); None where the implementation offers no
+    counter (the oracle).
+    """
 
     case: CacheOpsCase
     implementation: str
@@ -55,6 +74,9 @@ class CacheOpsFigure:
     rows_copied: int
     one_copy_s: float
     matches_torch: bool | None
+    resolve_peak_bytes: int | None = None
+    compact_peak_bytes: int | None = None
+    launches: int | None = None
 
     @property
     def step_s(self) -> float:
@@ -65,22 +87,17 @@ class CacheOpsFigure:
         return self.rows_copied * ROW_BYTES
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class _Step:
     """The tensors of one warmed decode step; :meth:`restore` puts the replacement state back."""
 
     def __init__(self, case: CacheOpsCase, backend: HiSparseBackend, seed: int = 0) -> None:
         device = backend.device
-        if case.context < case.top_k or case.context % BLOCK or case.slots % BLOCK:
+        r, q, k, h = case.requests, case.queries, case.top_k, case.hot_slots
+        if case.context < k or case.context % BLOCK or h % BLOCK or q < 1:
             raise InvalidArgumentError(
-                f"context ({case.context}) must be >= top_k ({case.top_k}) and, like slots ({case.slots}), "
-                f"a multiple of {BLOCK}"
+                f"context ({case.context}) must be >= top_k ({k}) and, like slots ({h}), a multiple of {BLOCK}; "
+                f"queries ({q}) must be >= 1"
             )
-        r, k, h = case.requests, case.top_k, case.slots
         generator = torch.Generator().manual_seed(seed)
         pages = case.context // BLOCK
         host_rows = (1 + r * pages) * BLOCK  # host block 0 is the null block
@@ -98,23 +115,27 @@ class _Step:
         self.dgi = torch.full((r, h), -1, dtype=torch.int32, device=device)
         self.lru = torch.arange(h, dtype=torch.int16).repeat(r, 1).to(device)
         self.states = torch.arange(r, dtype=torch.int32, device=device)
+        self.request_ids = torch.arange(r, dtype=torch.int32).repeat_interleave(q).to(device)
         self.stats = torch.zeros(2, dtype=torch.uint64, device=device)
-        first = torch.stack([torch.randperm(case.context, generator=generator)[:k] for _ in range(r)])
+        # Warm step: every row of a request selects the request's base top-k. Next step: each row replaces
+        # its own `churn` share with rows of the context it did not select (so MTP rows differ a little).
+        base = torch.stack([torch.randperm(case.context, generator=generator)[:k] for _ in range(r)])
         changed = int(k * case.churn)
-        second = first.clone()
-        for row in range(r):
+        second = base.repeat_interleave(q, dim=0).clone()
+        for row in range(r * q):
             unused = torch.ones(case.context, dtype=torch.bool)
-            unused[first[row]] = False
+            unused[second[row]] = False
             fresh = unused.nonzero().squeeze(1)
             second[row, :changed] = fresh[torch.randperm(fresh.numel(), generator=generator)[:changed]]
-        self.warm_topk = first.to(torch.int32).to(device)
+        self.warm_topk = base.repeat_interleave(q, dim=0).to(torch.int32).to(device)
         self.topk = second.to(torch.int32).to(device)
+        n = r * q
         self.outputs = {
-            name: torch.full((r, k), -1, dtype=torch.int32, device=device)
+            name: torch.full((n, k), -1, dtype=torch.int32, device=device)
             for name in ("hot", "attention", "resolved", "swap_host", "swap_device", "miss")
         }
-        self.valid = torch.zeros(r, dtype=torch.int32, device=device)
-        self.swap_counts = torch.zeros(r, dtype=torch.int32, device=device)
+        self.valid = torch.zeros(n, dtype=torch.int32, device=device)
+        self.swap_counts = torch.zeros(n, dtype=torch.int32, device=device)
         self.case = case
         self.saved: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -122,9 +143,9 @@ class _Step:
         out = self.outputs
         ops.resolve_residency(  # type: ignore[attr-defined]
             self.host, self.hot, self.hot_table, topk, out["hot"], self.dgi, self.lru, self.states,
-            self.case.slots, self.case.top_k, out["miss"], self.stats, out["attention"], BLOCK, self.states,
-            self.source, BLOCK, out["resolved"], self.valid, out["swap_host"], out["swap_device"],
-            self.swap_counts, None, BLOCK, 0,
+            self.case.hot_slots, self.case.hot_slots, out["miss"], self.stats, out["attention"], BLOCK,
+            self.request_ids, self.source, BLOCK, out["resolved"], self.valid, out["swap_host"],
+            out["swap_device"], self.swap_counts, None, BLOCK, 0,
         )
 
     def compact(self, ops: object) -> None:
@@ -147,20 +168,84 @@ class _Step:
         return (self.outputs["hot"].clone(), self.dgi.clone(), self.lru.clone(), self.swap_counts.clone())
 
 
+class _KernelCounter(TorchDispatchMode):
+    """Counts the aten kernels dispatched inside it; view and metadata-only ops launch nothing, so they are
+    not counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launches = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not func.is_view and func.overloadpacket not in _NO_KERNEL:
+            self.launches += 1
+        return func(*args, **(kwargs or {}))
+
+
+_NO_KERNEL = {torch.ops.aten.detach, torch.ops.aten.lift_fresh, torch.ops.aten.empty, torch.ops.aten.empty_like,
+              torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_numel}
+
+
+@contextlib.contextmanager
+def _counting_launches(name: str, ops: object) -> Iterator[Callable[[], int | None]]:
+    """Yield a callable giving the kernel launches made inside the block.
+
+    torch-based implementations: counted with a TorchDispatchMode. Triton: ``triton_impl.counting_launches()``
+    (a counter of launches by kernel name). The oracle is Python loops: None.
+    """
+    if name in ("torch_impl", "host_impl"):
+        counter = _KernelCounter()
+        with counter:
+            yield lambda: counter.launches
+        return
+    hook = getattr(ops, "counting_launches", None)
+    if hook is None:
+        yield lambda: None
+        return
+    with hook() as counted:
+        yield lambda: sum(counted.values())
+
+
+def _peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """The most bytes ``fn`` held allocated beyond what existed before it.
+
+    On a GPU: the CUDA caching allocator's peak statistics. On CPU: the running sum of the allocation events
+    torch's profiler records with ``profile_memory=True`` (its memory view; each event carries the signed size
+    of one allocation or free), so only torch's own allocations count, which is what the ops allocate.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - before)
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events: list[Any] = []
+    pending = list(prof.profiler.kineto_results.experimental_event_tree())
+    while pending:
+        node = pending.pop()
+        pending.extend(node.children)
+        if node.tag == _EventType.Allocation and node.typed[1].device.type == "cpu":
+            events.append(node)
+    events.sort(key=lambda node: (node.start_time_ns, node.typed[1].id))
+    held = peak = 0
+    for node in events:
+        held += node.typed[1].alloc_size
+        peak = max(peak, held)
+    return peak
+
+
 def _implementation(name: str) -> object:
     return importlib.import_module(f"hisparse_hal.cache_ops.{name}")
 
 
 def _median(fn: Callable[[], object], before: Callable[[], object], device: torch.device, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        before()
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return time_runs(fn, repeats, device, warmup=0, before=before).median_s
 
 
 def bench_case(
@@ -200,28 +285,78 @@ def _bench_step(step: _Step, device: torch.device, implementations: dict[str, in
         matches = all(torch.equal(a, b) for a, b in zip(result, reference, strict=True))
         resolve_s = _median(functools.partial(step.resolve, ops, step.topk), step.restore, device, repeats)
         compact_s = _median(functools.partial(step.compact, ops), lambda: None, device, repeats)
-        figures.append(CacheOpsFigure(case, name, resolve_s, compact_s, repeats, rows, one_copy, matches))
+        resolve_peak = compact_peak = launches = None
+        if name != "oracle":  # Python loops over lists: torch allocations say nothing about its cost
+            step.restore()
+            resolve_peak = _peak_extra_bytes(functools.partial(step.resolve, ops, step.topk), device)
+            compact_peak = _peak_extra_bytes(functools.partial(step.compact, ops), device)
+            step.restore()
+            with _counting_launches(name, ops) as counted:
+                step.resolve(ops, step.topk)
+                step.compact(ops)
+            launches = counted()
+        figures.append(CacheOpsFigure(case, name, resolve_s, compact_s, repeats, rows, one_copy, matches,
+                                      resolve_peak, compact_peak, launches))
     return figures
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options ``hisparse-hal bench`` gains for the cache ops."""
     parser.add_argument("--cache-ops", action="store_true",
-                        help="benchmark the four cache ops' decode step (oracle, torch, triton) instead")
+                        help="benchmark the cache ops' decode step (oracle, host, torch, triton) instead")
     parser.add_argument("--requests", default=",".join(map(str, DEFAULT_REQUESTS)),
-                        help="comma-separated request counts for --cache-ops (default 64,128,256,512)")
+                        help="comma-separated request counts for --cache-ops (default 64,128,512)")
+    parser.add_argument("--queries", default=",".join(map(str, DEFAULT_QUERIES)),
+                        help="comma-separated token rows per request for --cache-ops (default 1,2,4; hot slots "
+                             "(Q + 1) x top-k)")
     parser.add_argument("--context", type=int, default=8192, help="tokens of context per request (--cache-ops)")
     parser.add_argument("--no-oracle", action="store_true", help="skip the slow oracle (--cache-ops)")
 
 
-def _requests(text: str) -> list[int]:
+def _requests(text: str, option: str = "--requests") -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         values = []
     if not values or any(v <= 0 for v in values):
-        raise InvalidArgumentError(f"--requests must be positive integers separated by commas, got {text!r}")
+        raise InvalidArgumentError(f"{option} must be positive integers separated by commas, got {text!r}")
     return values
+
+
+def _mib(value: int | None) -> str:
+    return f"{'-':>8}" if value is None else f"{value / 2**20:>8.1f}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _TableRow:
+    """One printed row: a figure and the oracle's and torch's figures of the same case, for the ratios."""
+
+    figure: CacheOpsFigure
+    oracle: CacheOpsFigure | None
+    torch: CacheOpsFigure
+
+    def versus_oracle(self) -> str:
+        return f"{self.oracle.step_s / self.figure.step_s:.1f}x" if self.oracle else "-"
+
+
+FIGURE_COLUMNS = (
+    Column("req", 4, lambda r: r.figure.case.requests),
+    Column("Q", 2, lambda r: r.figure.case.queries),
+    Column("impl", 7, lambda r: r.figure.implementation.removesuffix("_impl")),
+    Column("resolve ms", 11, lambda r: r.figure.resolve_s * 1e3, ".2f"),
+    Column("compact ms", 11, lambda r: r.figure.compact_s * 1e3, ".2f"),
+    Column("step ms", 9, lambda r: r.figure.step_s * 1e3, ".2f"),
+    Column("x oracle", 9, lambda r: r.versus_oracle()),
+    Column("x torch", 8, lambda r: f"{r.torch.step_s / r.figure.step_s:.2f}x"),
+    Column("rows", 7, lambda r: r.figure.rows_copied),
+    Column("MB", 7, lambda r: r.figure.bytes_copied / 1e6, ".2f"),
+    Column("1 copy ms", 10, lambda r: r.figure.one_copy_s * 1e3, ".3f"),
+    Column("compact/copy", 13, lambda r: f"{r.figure.compact_s / r.figure.one_copy_s:.1f}x"),
+    Column("res MiB", 8, lambda r: _mib(r.figure.resolve_peak_bytes).strip()),
+    Column("cmp MiB", 8, lambda r: _mib(r.figure.compact_peak_bytes).strip()),
+    Column("launch", 7, lambda r: "-" if r.figure.launches is None else r.figure.launches),
+    Column("same", 5, lambda r: "yes" if r.figure.matches_torch else "NO"),
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,45 +367,45 @@ def run(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)
     device = backend.device
     counts = sorted(_requests(args.requests))
+    queries = sorted(_requests(getattr(args, "queries", "1"), "--queries"))
     choice, reason = choose_cache_ops(device)
     interpreted = device.type != "cuda"
     if interpreted:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first defined
     triton = probe_triton()
     print(f"cache ops on {backend.name} ({device}), torch {torch.__version__}; capability picks {choice}: {reason}")
-    print(f"rows {ROW_BYTES} B, top-k {TOP_K}, {2 * TOP_K} hot slots per request, context {args.context} tokens, "
-          "10% of the top-k new each step; resolve + gather_compact per step, median of repeats")
+    print(f"rows {ROW_BYTES} B, top-k {TOP_K}, Q token rows per request, (Q + 1) x {TOP_K} hot slots per request, "
+          f"context {args.context} tokens, 10% of each row's top-k new each step; resolve + gather_compact per "
+          "step, median of repeats")
+    print("peak MiB: extra memory one call held at most (CPU: torch profiler memory events; GPU: allocator "
+          "peak); launches: kernels per step (torch: aten kernels dispatched; triton: its hook, '-' if absent)")
+    if os.name == "posix":
+        print("load average (1, 5, 15 min): " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     if triton.version is None:
         print(f"triton is not measured: it does not import ({triton.error})")
     elif interpreted:
         print(f"triton runs in its CPU interpreter (TRITON_INTERPRET=1), so only on the smallest case "
-              f"({counts[0]} requests) and once: its time says nothing about a GPU")
+              f"({counts[0]} requests, Q = {queries[0]}) and once: its time says nothing about a GPU")
     print()
-    header = (f"{'requests':>8} {'impl':>8} {'resolve ms':>11} {'compact ms':>11} {'step ms':>9} {'x oracle':>9} "
-              f"{'x torch':>8} {'rows':>7} {'MB':>7} {'1 copy ms':>10} {'compact/copy':>13} {'same':>5}")
-    print(header)
+    print(format_header(FIGURE_COLUMNS))
     figures: list[CacheOpsFigure] = []
-    for index, requests in enumerate(counts):
+    for index, (requests, q) in enumerate((r, q) for r in counts for q in queries):
         plan: dict[str, int] = {}
         if not args.no_oracle:
             plan["oracle"] = 1
+        plan["host_impl"] = args.repeats
         plan["torch_impl"] = args.repeats
         if triton.version is not None and (not interpreted or index == 0):
             plan["triton_impl"] = args.repeats if not interpreted else 1
-        case = CacheOpsCase(requests, context=args.context)
+        case = CacheOpsCase(requests, context=args.context, queries=q)
         rows = bench_case(case, backend, plan)
         figures.extend(rows)
         by_name = {f.implementation: f for f in rows}
         for f in rows:
-            oracle = by_name.get("oracle")
-            versus_oracle = f"{oracle.step_s / f.step_s:8.1f}x" if oracle else f"{'-':>9}"
-            versus_torch = by_name["torch_impl"].step_s / f.step_s
-            print(f"{requests:>8} {f.implementation.removesuffix('_impl'):>8} {f.resolve_s * 1e3:>11.2f} "
-                  f"{f.compact_s * 1e3:>11.2f} {f.step_s * 1e3:>9.2f} {versus_oracle} {versus_torch:>7.2f}x "
-                  f"{f.rows_copied:>7} {f.bytes_copied / 1e6:>7.2f} {f.one_copy_s * 1e3:>10.3f} "
-                  f"{f.compact_s / f.one_copy_s:>12.1f}x {'yes' if f.matches_torch else 'NO':>5}")
+            print(format_row(FIGURE_COLUMNS, _TableRow(f, by_name.get("oracle"), by_name["torch_impl"])), flush=True)
     if args.json:
         payload = [dict(dataclasses.asdict(f), step_s=f.step_s, bytes_copied=f.bytes_copied) for f in figures]
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"device": str(device), "torch": torch.__version__, "figures": payload}, handle, indent=2)
+        load = list(os.getloadavg()) if os.name == "posix" else None
+        write_json(args.json, {"device": str(device), "torch": torch.__version__, "load_average": load,
+                               "figures": payload})
     return 0 if all(f.matches_torch for f in figures) else 1

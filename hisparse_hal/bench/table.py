@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["Column", "format_table", "write_json"]
+__all__ = ["Column", "format_header", "format_row", "format_table", "write_json"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +28,19 @@ class Column:
         return f"{format(self.value(row), self.spec):{self.align}{self.width}}"
 
 
+def format_header(columns: Sequence[Column]) -> str:
+    """The header line, columns separated by one space."""
+    return " ".join(f"{c.header:{c.align}{c.width}}" for c in columns)
+
+
+def format_row(columns: Sequence[Column], row: object) -> str:
+    """One row's line (for tables printed as their rows are measured)."""
+    return " ".join(c.cell(row) for c in columns)
+
+
 def format_table(columns: Sequence[Column], rows: Iterable[object]) -> list[str]:
-    """The header line and one line per row, columns separated by one space."""
-    header = " ".join(f"{c.header:{c.align}{c.width}}" for c in columns)
-    return [header, *(" ".join(c.cell(row) for c in columns) for row in rows)]
+    """The header line and one line per row."""
+    return [format_header(columns), *(format_row(columns, row) for row in rows)]
 
 
 def write_json(path: str, payload: Mapping[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """The four cache ops as torch custom ops, ``torch.ops.hisparse_hal.*``, with vLLM 0.33.0's schemas.
 
-Invariant: each op is defined once per process (importing again is a no-op); a CPU call runs ``torch_impl``,
-a CUDA or HIP call runs the implementation ``implementation_for`` picks; the fake kernels write nothing, so
+Invariant: each op is defined once per process (importing again is a no-op); a call runs the implementation
+``implementation_for`` picks for its tensors' device (``host_impl`` on CPU, Triton or torch on CUDA/HIP); the fake kernels write nothing, so
 fake-tensor tracing and ``torch.compile`` see only the mutations the schemas declare.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from . import selection, torch_impl
+from . import selection
 
 __all__ = ["NAMESPACE", "OP_NAMES", "SCHEMAS", "VLLM_OP_NAMES", "implementation_for", "register"]
 
@@ -62,8 +62,8 @@ _library: torch.library.Library | None = globals().get("_library")
 def implementation_for(device: torch.device) -> ModuleType:
     """The module whose four functions run the ops for tensors on ``device``.
 
-    CPU always gets ``torch_impl``; a GPU device (CUDA, or HIP, which torch also calls ``cuda``) gets what
-    ``selection.choose_cache_ops`` picks. Cached per device: the choice depends on the device, the installed
+    What ``selection.choose_cache_ops`` picks: ``host_impl`` on CPU unless overridden, Triton or torch on a
+    GPU device (CUDA, or HIP, which torch also calls ``cuda``). Cached per device: the choice depends on the device, the installed
     packages and ``HISPARSE_HAL_CACHE_OPS``, never on tensor values (``implementation_for.cache_clear()``
     after changing the variable).
 
@@ -76,8 +76,6 @@ def implementation_for(device: torch.device) -> ModuleType:
     Raises:
         InvalidArgumentError, UnsupportedCapabilityError: as ``selection.choose_cache_ops``.
     """
-    if device.type == "cpu":
-        return torch_impl
     choice, reason = selection.choose_cache_ops(device)
     logger.info("cache ops on %s: %s (%s)", device, choice, reason)
     return selection.implementation_module(choice)

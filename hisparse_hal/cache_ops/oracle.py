@@ -49,11 +49,19 @@ class _Out:
     def store(self) -> None:
         if self.tensor is None:
             return
-        values = torch.tensor(self.values, dtype=self.tensor.dtype)
+        values = torch.tensor(_wrapped(self.values), dtype=torch.int64).to(self.tensor.dtype)
         if self.flat:
             self.tensor.copy_(values.view(self.tensor.shape))
         else:
             self.tensor.copy_(values)
+
+
+def _wrapped(values: list) -> list:
+    """Values as int64 two's complement (decision 10: an int32 output keeps the low 32 bits, the int64 cast
+    to int32 that torch's ``copy_`` and Triton's ``.to(tl.int32)`` do). Exact int64 stays exact."""
+    if values and isinstance(values[0], list):
+        return [_wrapped(row) for row in values]
+    return [((v + (1 << 63)) % _U64) - (1 << 63) for v in values]
 
 
 def _runs(request_ids: list[int] | None, num_rows: int) -> list[tuple[int, int, int]]:
@@ -341,7 +349,8 @@ def gather_plan(
         for c in range(columns):
             d = targets[r][c]
             if attention_indices is not None:
-                attention_indices[r, c] = -1 if padding or d < 0 else (d // block) * attention_block_stride + d % block
+                value = -1 if padding or d < 0 else (d // block) * attention_block_stride + d % block
+                attention_indices[r, c] = ((value + (1 << 31)) % (1 << 32)) - (1 << 31)  # decision 10: low 32 bits
             g = sources[r][c]
             if padding or mask[r][c] == 0 or g < 0 or not 0 <= d < hot_rows:
                 continue

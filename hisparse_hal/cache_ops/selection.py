@@ -1,7 +1,7 @@
-"""Which cache-ops implementation runs on a device: ``"triton"`` or ``"torch"``, always with the reason.
+"""Which cache-ops implementation runs on a device: ``"triton"``, ``"torch"`` or ``"host"``, with the reason.
 
 Decided from capability facts only (is triton importable, is the device a GPU, is triton's interpreter on),
-never from a vendor name. ``HISPARSE_HAL_CACHE_OPS`` overrides the choice; forcing ``triton`` where it
+never from a vendor name. ``HISPARSE_HAL_CACHE_OPS`` overrides the choice; forcing an implementation where it
 cannot run is an error, not a silent fallback.
 """
 
@@ -29,11 +29,16 @@ __all__ = [
     "with_cache_ops",
 ]
 
-#: Environment variable forcing the implementation: ``triton`` or ``torch``.
+#: Environment variable forcing the implementation: ``triton``, ``torch`` or ``host``.
 CACHE_OPS_ENV = "HISPARSE_HAL_CACHE_OPS"
-IMPLEMENTATIONS: tuple[str, ...] = ("triton", "torch")
+IMPLEMENTATIONS: tuple[str, ...] = ("triton", "torch", "host")
 
-Implementation = Literal["triton", "torch"]
+Implementation = Literal["triton", "torch", "host"]
+
+# Why the CPU device gets ``host``: torch_impl keeps every shape fixed and reads no value back so a GPU can
+# capture it, which makes its gathers rewrite all R x K planned rows. On host memory a read-back is free and
+# the CPU backend's captures re-run the op, so host_impl counts the misses and copies only those rows.
+_HOST_REASON = "device cpu is host memory: reading values back costs nothing, so the gathers copy only the misses"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +79,11 @@ def choose_cache_ops(
 ) -> tuple[Implementation, str]:
     """Pick the cache-ops implementation for tensors on ``device``.
 
-    Triton when it imports and ``device`` is a GPU (``cuda``, which torch's HIP build also reports); torch
-    otherwise. ``HISPARSE_HAL_CACHE_OPS=torch`` forces torch; ``=triton`` forces Triton, which on a CPU
-    device needs ``TRITON_INTERPRET=1`` (tests and CI run the kernels that way).
+    Triton when it imports and ``device`` is a GPU (``cuda``, which torch's HIP build also reports); ``host``
+    on the CPU device; torch otherwise (a GPU without triton). ``HISPARSE_HAL_CACHE_OPS=torch`` forces torch;
+    ``=host`` forces host (CPU device only: it reads values back, which would sync a GPU and break its graph
+    capture); ``=triton`` forces Triton, which on a CPU device needs ``TRITON_INTERPRET=1`` (tests and CI run
+    the kernels that way).
 
     Args:
         device: where the ops' tensors live (for a GPU backend, its GPU, even when tests inject another).
@@ -87,9 +94,9 @@ def choose_cache_ops(
         ``(implementation, reason)``.
 
     Raises:
-        InvalidArgumentError: ``HISPARSE_HAL_CACHE_OPS`` is neither ``triton`` nor ``torch``.
+        InvalidArgumentError: ``HISPARSE_HAL_CACHE_OPS`` is not ``triton``, ``torch`` or ``host``.
         UnsupportedCapabilityError: ``triton`` is forced but triton does not import, or the device is not
-            a GPU and the interpreter is off.
+            a GPU and the interpreter is off; ``host`` is forced on a GPU.
     """
     env = os.environ if environ is None else environ
     target = torch.device(device)
@@ -102,6 +109,15 @@ def choose_cache_ops(
     if forced == "torch":
         return "torch", f"{CACHE_OPS_ENV}=torch"
     is_gpu = target.type == "cuda"
+    if forced == "host":
+        if target.type != "cpu":
+            raise UnsupportedCapabilityError(
+                f"{CACHE_OPS_ENV}=host on device {target}: the host implementation reads values back, which "
+                "syncs a GPU and cannot be graph-captured; use torch or triton there"
+            )
+        return "host", f"{CACHE_OPS_ENV}=host"
+    if forced != "triton" and target.type == "cpu":
+        return "host", _HOST_REASON
     if forced != "triton" and not is_gpu:
         return "torch", f"device {target} is not a GPU; the Triton kernels compile for GPUs only"
     if facts is None:
@@ -125,10 +141,10 @@ def choose_cache_ops(
 
 
 def implementation_module(name: str) -> ModuleType:
-    """The module holding the four ops of implementation ``name`` (``triton_impl`` or ``torch_impl``).
+    """The module holding the four ops of implementation ``name`` (``triton_impl``, ``torch_impl``, ``host_impl``).
 
     Raises:
-        InvalidArgumentError: ``name`` is not ``"triton"`` or ``"torch"``.
+        InvalidArgumentError: ``name`` is not ``"triton"``, ``"torch"`` or ``"host"``.
     """
     if name not in IMPLEMENTATIONS:
         raise InvalidArgumentError(f"cache-ops implementation must be one of {list(IMPLEMENTATIONS)}, got {name!r}")

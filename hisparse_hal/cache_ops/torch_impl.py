@@ -11,7 +11,7 @@ import torch
 
 from . import arguments
 
-__all__ = ["gather_compact", "gather_plan", "invalidate_written_slots", "resolve_residency"]
+__all__ = ["gather_compact", "gather_plan", "invalidate_written_slots", "resolve_residency", "word_rows"]
 
 # Sort keys of host-backed positions are ``leader_row << _KEY_SHIFT | host_row``. Host rows are int32 and
 # batch rows are far below 2**30, so every real key stays below _NO_KEY.
@@ -184,6 +184,11 @@ def resolve_residency(
         resolved_global_indices, valid_counts, swap_host_physical_rows, swap_device_physical_rows,
         swap_counts, resident_block_table, resident_block_size, resident_null_block, error_flags=error_flags,
     )
+    # Full passes (kernels reading or writing a whole [N, K] / [N, H] / [S, H] tensor), counted with a
+    # TorchDispatchMode on a bench step (N = 6, K = 64, S = 3, H = 192, all outputs given): 120 over [N, K]
+    # (6 of them [N*K + 1] spill copies), 46 over [N, H] (slot classification runs per batch row, not per state
+    # row), 6 over [S, H] (the DGI / LRU spill writes). Not reduced yet: classifying per state row would turn
+    # the 46 [N, H] passes into [S, H] ones (a factor Q for MTP batches), the next step for issue 15 item 2.
     num_rows, top_k = global_indices.shape
     if num_rows == 0 or top_k == 0:
         return
@@ -317,9 +322,31 @@ def resolve_residency(
         error_flags.bitwise_or_(flags)
 
 
-def _byte_rows(cache: torch.Tensor) -> torch.Tensor:
-    """The cache's rows as bytes: ``[rows, row_bytes]`` for a 2-D cache, ``[blocks, B, row_bytes]`` for 3-D."""
-    return cache if cache.dtype == torch.uint8 else cache.view(torch.uint8)
+def word_rows(cache: torch.Tensor) -> torch.Tensor:
+    """``cache``'s rows reinterpreted in the widest integer word its layout allows (8, 4, 2 or 1 bytes).
+
+    Rows are a multiple of 16 bytes (checked by :mod:`.arguments`), so the word is limited only by the
+    storage offset and the strides; torch's ``view(dtype)`` refuses any view that would misalign.
+
+    Args:
+        cache: a tensor whose last dimension is stride 1.
+
+    Returns:
+        A view of the same bytes with the same leading dimensions.
+    """
+    raw = cache if cache.dtype == torch.uint8 else cache.view(torch.uint8)
+    for word in (torch.int64, torch.int32, torch.int16):
+        try:
+            return raw.view(word)
+        except RuntimeError:
+            continue
+    return raw
+
+
+#: Bytes of row data one round of a gather holds at once (host rows read, current rows, merged rows: three
+#: buffers of this size). Bounds a gather's extra memory whatever R x K is; 4 MiB rounds keep it near the
+#: cache and cost about 3 x 4 MiB at any batch size.
+COPY_ROUND_BYTES = 4 << 20
 
 
 def _copy_rows(
@@ -331,15 +358,17 @@ def _copy_rows(
     Fixed shape: every entry writes its destination row. An entry that must not write re-stores the row its
     destination group ends with: the last writing entry's source row, or the row's current bytes. So all
     entries of one destination store identical bytes and the scatter's order cannot matter; a destination
-    written twice ends with the later entry, as the oracle's sequential loop does.
+    written twice ends with the later entry, as the oracle's sequential loop does. Rows move in rounds of
+    ``COPY_ROUND_BYTES`` (a number of rounds fixed by the shapes), so extra memory does not grow with R x K
+    beyond the int64 index arrays.
     """
     source, destination, write = source.reshape(-1), destination.reshape(-1), write.reshape(-1)
     host_rows = host_cache.shape[0]
-    hot = _byte_rows(hot_cache)
+    hot = word_rows(hot_cache)
     if hot.dim() == 2:  # a 2-D staging buffer: block size 1
         hot = hot.unsqueeze(1)
-    block_size = hot.shape[1]
-    hot_rows = hot.shape[0] * block_size
+    blocks, block_size, words = hot.shape
+    hot_rows = blocks * block_size
     if hot_rows == 0:
         return
     target = torch.where(write, destination, 0)
@@ -348,17 +377,30 @@ def _copy_rows(
     last_writer = torch.full_like(entries, -1).scatter_reduce_(
         0, group, torch.where(write, entries, -1), reduce="amax"
     )[group]
+    written = last_writer >= 0
     writer_source = source[last_writer.clamp(min=0)]
-    block = torch.div(target, block_size, rounding_mode="floor")
-    offset = torch.remainder(target, block_size)
-    if host_rows > 0:
-        host = _byte_rows(host_cache)
-        loaded = host[writer_source.clamp(0, host_rows - 1)]
-        loaded = torch.where((writer_source < host_rows)[:, None], loaded, 0)
-    else:
-        loaded = torch.zeros(target.numel(), hot.shape[2], dtype=torch.uint8, device=target.device)
-    values = torch.where((last_writer >= 0)[:, None], loaded, hot[block, offset])
-    hot.index_put_((block, offset), values)
+    from_host = written & (writer_source < host_rows)
+    writer_source = writer_source.clamp(0, max(host_rows - 1, 0))
+    host = word_rows(host_cache)
+    flat = hot.view(hot_rows, words) if hot.stride(0) == block_size * words else None
+    round_rows = max(1, COPY_ROUND_BYTES // (words * hot.element_size()))
+    for start in range(0, target.numel(), round_rows):
+        piece = slice(start, start + round_rows)
+        rows = target[piece]
+        if flat is not None:
+            current = flat.index_select(0, rows)
+        else:  # blocks strided apart (a slab view): address each row by (block, offset)
+            current = hot[torch.div(rows, block_size, rounding_mode="floor"), torch.remainder(rows, block_size)]
+        if host_rows > 0:
+            loaded = host.index_select(0, writer_source[piece])
+            merged = torch.where(from_host[piece, None], loaded, torch.where(written[piece, None], 0, current))
+        else:
+            merged = torch.where(written[piece, None], 0, current)
+        if flat is not None:
+            flat.index_copy_(0, rows, merged)
+        else:
+            hot.index_put_((torch.div(rows, block_size, rounding_mode="floor"), torch.remainder(rows, block_size)),
+                           merged)
 
 
 def gather_compact(
