@@ -90,8 +90,14 @@ def _cell(area: dict[str, Any]) -> str:
 def render_markdown(merged: dict[str, Any]) -> str:
     """The compatibility table as Markdown, failing tests listed under it."""
     header = ["Backend / machine", "Arch", "torch", *(AREA_TITLES[a] for a in merged["areas"]), "Overall"]
-    lines = ["# hisparse-hal compatibility", "", f"Suite versions: {', '.join(merged['suite_versions']) or 'none'}.", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [
+        "# hisparse-hal compatibility",
+        "",
+        f"Suite versions: {', '.join(merged['suite_versions']) or 'none'}.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
     for row in merged["rows"]:
         cells = [row["label"], ", ".join(row["architectures"]) or "-", str(row["torch"] or "-"),
                  *(_cell(row["areas"][a]) for a in merged["areas"]), f"**{row['verdict']}**"]
@@ -110,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns 0 when every row passes, 1 otherwise."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory for compatibility.md and compatibility.json")
-    parser.add_argument("reports", nargs="+", metavar="REPORT", help="results.json, a directory with one, or LABEL=path")
+    parser.add_argument(
+        "reports", nargs="+", metavar="REPORT", help="results.json, a directory with one, or LABEL=path"
+    )
     args = parser.parse_args(argv)
     merged = merge([load_report(spec) for spec in args.reports])
     out = Path(args.out)

@@ -336,7 +336,9 @@ class HiSparseBackend:
                     label = f"pinned host {address:#x} chunk {i + 1}/{len(chunks)}"
                     added.append(
                         self.regions.add(
-                            Region(chunk.address, chunk.size, "pinned_host", label, torch.device("cpu"), chunk.device_alias)
+                            Region(
+                                chunk.address, chunk.size, "pinned_host", label, torch.device("cpu"), chunk.device_alias
+                            )
                         )
                     )
             except BaseException:
@@ -421,7 +423,9 @@ class HiSparseBackend:
         return True
 
     # ----------------------------------------------------------------- explicit regions
-    def register_region(self, address: int, size: int, label: str = "", *, device: torch.device | None = None) -> Region:
+    def register_region(
+        self, address: int, size: int, label: str = "", *, device: torch.device | None = None
+    ) -> Region:
         """Make ``[address, address + size)`` a valid swap source or destination.
 
         For memory the backend did not pin and no cache view covers (a staging buffer, say).
@@ -493,7 +497,13 @@ class HiSparseBackend:
                     view = views[layer.name]
                     added.append(
                         self.regions.add(
-                            Region(view.data_ptr(), kv_cache_config.layer_bytes, "device_cache", f"kv layer {layer.name!r}", self.device)
+                            Region(
+                                view.data_ptr(),
+                                kv_cache_config.layer_bytes,
+                                "device_cache",
+                                f"kv layer {layer.name!r}",
+                                self.device,
+                            )
                         )
                     )
             except BaseException:

@@ -162,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_command.add_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
-    kernels = sub.add_parser("kernels", help="compile the Triton cache-ops kernels for GPU targets, offline, and report")
+    kernels = sub.add_parser(
+        "kernels", help="compile the Triton cache-ops kernels for GPU targets, offline, and report"
+    )
     from .cache_ops import kernel_report, kernels_command
 
     kernel_report.add_arguments(kernels)

@@ -144,7 +144,9 @@ def validate_config(config: object, supported_formats: frozenset[str], where: st
     return config
 
 
-def build_views(config: KVCacheConfig, kv_caches: Mapping[str, object], device: torch.device) -> dict[str, torch.Tensor]:
+def build_views(
+    config: KVCacheConfig, kv_caches: Mapping[str, object], device: torch.device
+) -> dict[str, torch.Tensor]:
     """Build one typed ``[num_blocks, block_size, row_width]`` view per layer, sharing storage.
 
     Args:

@@ -94,7 +94,12 @@ class _Location(ctypes.Structure):
 
 
 class _Attributes(ctypes.Structure):
-    _fields_ = [("srcAccessOrder", ctypes.c_uint), ("srcLocHint", _Location), ("dstLocHint", _Location), ("flags", ctypes.c_uint)]
+    _fields_ = [
+        ("srcAccessOrder", ctypes.c_uint),
+        ("srcLocHint", _Location),
+        ("dstLocHint", _Location),
+        ("flags", ctypes.c_uint),
+    ]
 
 
 class SimulatedCudaDriver:
@@ -307,7 +312,9 @@ class SimulatedCudaDriver:
         self.calls.append(("cuCtxPopCurrent", {}))
         return 0
 
-    def _cuGetProcAddress_v2(self, symbol: bytes, pfn: int | None, version: int, flags: int, status_out: int | None) -> int:
+    def _cuGetProcAddress_v2(
+        self, symbol: bytes, pfn: int | None, version: int, flags: int, status_out: int | None
+    ) -> int:
         self.calls.append(("cuGetProcAddress", {"symbol": symbol, "version": version, "flags": flags}))
         if self.poisoned_with is not None:
             return self.poisoned_with
@@ -341,8 +348,19 @@ class SimulatedCudaDriver:
             ctypes.memmove(dst, src, size)
         return 0
 
-    def _batch(self, abi: int, dsts: int | None, srcs: int | None, sizes: int | None, count: int,
-               attrs: int | None, attrs_idxs: int | None, num_attrs: int, fail_idx: int | None, stream: int | None) -> int:
+    def _batch(
+        self,
+        abi: int,
+        dsts: int | None,
+        srcs: int | None,
+        sizes: int | None,
+        count: int,
+        attrs: int | None,
+        attrs_idxs: int | None,
+        num_attrs: int,
+        fail_idx: int | None,
+        stream: int | None,
+    ) -> int:
         if fail_idx:
             ctypes.c_size_t.from_address(fail_idx).value = SIZE_MAX
         status = self._gate(needs_context=True)

@@ -198,7 +198,8 @@ class SimulatedHipRuntime:
         for side, address in (("source", src), ("destination", dst)):
             kind = self._classify(address, size)
             if kind == "alias":
-                return f"{side} {address:#x} is the device alias of registered host memory; runtime copies take the host address"
+                return (f"{side} {address:#x} is the device alias of registered host memory; "
+                        "runtime copies take the host address")
             if kind == "unknown":
                 return f"{side} [{address:#x}, +{size}) is neither simulated device memory nor registered host memory"
         return None
@@ -223,7 +224,9 @@ class SimulatedHipRuntime:
             for start, reg in self.registrations.items():
                 if reg.alias <= address < reg.alias + reg.size:
                     return ctypes.string_at(start + (address - reg.alias), size)
-        raise SimulatedGpuFault(f"Memory access fault by GPU on address {address:#x} ({kind} address given to a kernel)")
+        raise SimulatedGpuFault(
+            f"Memory access fault by GPU on address {address:#x} ({kind} address given to a kernel)"
+        )
 
     def shutdown(self) -> None:
         """Model interpreter exit: every later call returns hipErrorDeinitialized."""
@@ -314,7 +317,9 @@ class SimulatedHipRuntime:
         self._enqueue(stream or 0, queued)
         return HIP_SUCCESS
 
-    def _check_attributes(self, attrs: int | None, attrs_idxs: int | None, num_attrs: int, count: int) -> tuple[int, ...] | None:
+    def _check_attributes(
+        self, attrs: int | None, attrs_idxs: int | None, num_attrs: int, count: int
+    ) -> tuple[int, ...] | None:
         if not attrs or not attrs_idxs or num_attrs > count:
             self.last_error_detail = "attrs/attrsIdxs missing or more attributes than copies"
             return None

@@ -473,41 +473,81 @@ def _resolve_args(**overrides: Any) -> dict[str, Any]:
     model = example_a()
     out = Outputs(2, 3)
     args = {
-        "host_cache": model.host, "hot_cache": model.hot_cache, "hot_block_table": model.hot_table,
-        "global_indices": torch.tensor([[1, 6, 9], [0, 5, -1]], dtype=I32), "hot_indices": out.hot,
-        "device_global_indices": model.dgi, "lru_slots": model.lru, "request_state_indices": model.states, "region_stride": 6,
-        "max_union_rows": 3, "miss_mask": out.miss_mask, "stats": model.stats, "attention_indices": out.attention,
-        "attention_block_stride": 4, "request_ids": torch.tensor([0, 1], dtype=I32), "source_block_table": model.source,
-        "source_block_size": 4, "resolved_global_indices": out.resolved, "valid_counts": out.valid_counts,
-        "swap_host_physical_rows": out.swap_host, "swap_device_physical_rows": out.swap_device,
-        "swap_counts": out.swap_counts, "resident_block_table": model.resident, "resident_block_size": 4,
+        "host_cache": model.host,
+        "hot_cache": model.hot_cache,
+        "hot_block_table": model.hot_table,
+        "global_indices": torch.tensor([[1, 6, 9], [0, 5, -1]], dtype=I32),
+        "hot_indices": out.hot,
+        "device_global_indices": model.dgi,
+        "lru_slots": model.lru,
+        "request_state_indices": model.states,
+        "region_stride": 6,
+        "max_union_rows": 3,
+        "miss_mask": out.miss_mask,
+        "stats": model.stats,
+        "attention_indices": out.attention,
+        "attention_block_stride": 4,
+        "request_ids": torch.tensor([0, 1], dtype=I32),
+        "source_block_table": model.source,
+        "source_block_size": 4,
+        "resolved_global_indices": out.resolved,
+        "valid_counts": out.valid_counts,
+        "swap_host_physical_rows": out.swap_host,
+        "swap_device_physical_rows": out.swap_device,
+        "swap_counts": out.swap_counts,
+        "resident_block_table": model.resident,
+        "resident_block_size": 4,
         "resident_null_block": 0,
     }
     args.update(overrides)
     return args
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"global_indices": torch.zeros(2, 3, dtype=torch.int64)}, r"global_indices is torch.int64 \(2, 3\).*expected dtype torch.int32"),
-    ({"hot_indices": torch.zeros(2, 4, dtype=I32)}, r"hot_indices is .*\(2, 4\).*expected shape \(2, 3\)"),
-    ({"lru_slots": torch.zeros(4, 6, dtype=I32)}, "lru_slots is torch.int32.*expected dtype torch.int16"),
-    ({"region_stride": 7}, r"region_stride is 7; expected an int in \[6, 6\] \(it must equal lru_slots.size\(1\)\)"),
-    ({"max_union_rows": 0}, r"max_union_rows is 0; expected an int in \[1, 6\]"),
-    ({"max_union_rows": 7}, r"max_union_rows is 7; expected an int in \[1, 6\]"),
-    ({"stats": torch.zeros(2, dtype=torch.int64)}, "stats is torch.int64.*expected dtype torch.uint64"),
-    ({"attention_block_stride": 3}, r"attention_block_stride is 3; expected an int in \[4, inf\]"),
-    ({"request_ids": None, "resident_block_table": None}, "request_ids is None; expected a tensor because source_block_table is given"),
-    ({"swap_counts": None}, "swap_counts is None; expected a tensor because swap_host_physical_rows is given"),
-    ({"resident_block_size": 2}, r"resident_block_size is 2; expected an int in \[4, 4\]"),
-    ({"hot_cache": torch.zeros(4, 4, 12, dtype=torch.uint8)}, "hot_cache is .*expected rows of a positive multiple of 16 bytes"),
-    ({"hot_cache": torch.zeros(16, 16, dtype=torch.uint8)}, "hot_cache is .*expected a 3-D paged cache"),
-    ({"hot_block_table": torch.zeros(2, 1, dtype=I32)}, r"hot_block_table is .*expected at least 2 columns"),
-    ({"global_indices": torch.zeros(3, 2, dtype=I32).t()}, "global_indices is .*expected stride 1 in the last dimension"),
-    ({"region_stride": 6.0}, "region_stride is float 6.0; expected a Python int"),
-    ({"valid_counts": [0, 0]}, "valid_counts is list .*expected a torch.Tensor or None"),
-    ({"lru_slots": torch.zeros(4, 2, dtype=torch.int16), "device_global_indices": torch.zeros(4, 2, dtype=I32),
-      "region_stride": 2}, r"lru_slots is 2 slots per state row; expected at least top_k = 3 slots"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"global_indices": torch.zeros(2, 3, dtype=torch.int64)},
+            r"global_indices is torch.int64 \(2, 3\).*expected dtype torch.int32",
+        ),
+        ({"hot_indices": torch.zeros(2, 4, dtype=I32)}, r"hot_indices is .*\(2, 4\).*expected shape \(2, 3\)"),
+        ({"lru_slots": torch.zeros(4, 6, dtype=I32)}, "lru_slots is torch.int32.*expected dtype torch.int16"),
+        (
+            {"region_stride": 7},
+            r"region_stride is 7; expected an int in \[6, 6\] \(it must equal lru_slots.size\(1\)\)",
+        ),
+        ({"max_union_rows": 0}, r"max_union_rows is 0; expected an int in \[1, 6\]"),
+        ({"max_union_rows": 7}, r"max_union_rows is 7; expected an int in \[1, 6\]"),
+        ({"stats": torch.zeros(2, dtype=torch.int64)}, "stats is torch.int64.*expected dtype torch.uint64"),
+        ({"attention_block_stride": 3}, r"attention_block_stride is 3; expected an int in \[4, inf\]"),
+        (
+            {"request_ids": None, "resident_block_table": None},
+            "request_ids is None; expected a tensor because source_block_table is given",
+        ),
+        ({"swap_counts": None}, "swap_counts is None; expected a tensor because swap_host_physical_rows is given"),
+        ({"resident_block_size": 2}, r"resident_block_size is 2; expected an int in \[4, 4\]"),
+        (
+            {"hot_cache": torch.zeros(4, 4, 12, dtype=torch.uint8)},
+            "hot_cache is .*expected rows of a positive multiple of 16 bytes",
+        ),
+        ({"hot_cache": torch.zeros(16, 16, dtype=torch.uint8)}, "hot_cache is .*expected a 3-D paged cache"),
+        ({"hot_block_table": torch.zeros(2, 1, dtype=I32)}, r"hot_block_table is .*expected at least 2 columns"),
+        (
+            {"global_indices": torch.zeros(3, 2, dtype=I32).t()},
+            "global_indices is .*expected stride 1 in the last dimension",
+        ),
+        ({"region_stride": 6.0}, "region_stride is float 6.0; expected a Python int"),
+        ({"valid_counts": [0, 0]}, "valid_counts is list .*expected a torch.Tensor or None"),
+        (
+            {
+                "lru_slots": torch.zeros(4, 2, dtype=torch.int16),
+                "device_global_indices": torch.zeros(4, 2, dtype=I32),
+                "region_stride": 2,
+            },
+            r"lru_slots is 2 slots per state row; expected at least top_k = 3 slots",
+        ),
+    ],
+)
 def test_resolve_rejects_bad_arguments_with_a_message_naming_the_value(overrides: dict, message: str) -> None:
     args = _resolve_args(**overrides)
     before = {name: value.clone() for name, value in args.items() if isinstance(value, torch.Tensor)}
@@ -519,8 +559,10 @@ def test_resolve_rejects_bad_arguments_with_a_message_naming_the_value(overrides
 
 def test_resolve_rejects_a_tensor_on_another_device() -> None:
     meta = torch.zeros(2, 3, dtype=I32, device="meta")
-    with pytest.raises(InvalidArgumentError, match=re.escape("hot_indices is torch.int32 (2, 3) strides (3, 1) on meta; "
-                                                             "expected a tensor on cpu")):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=re.escape("hot_indices is torch.int32 (2, 3) strides (3, 1) on meta; expected a tensor on cpu"),
+    ):
         oracle.resolve_residency(**_resolve_args(hot_indices=meta))
 
 

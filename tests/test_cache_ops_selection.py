@@ -81,7 +81,9 @@ def test_override_torch_on_the_cpu_device_runs_the_fixed_shape_code() -> None:
 
 def test_override_host_on_cpu_is_honoured_and_on_a_gpu_refused() -> None:
     assert choose_cache_ops(CPU, HAS_TRITON, environ={CACHE_OPS_ENV: "host"}) == ("host", f"{CACHE_OPS_ENV}=host")
-    with pytest.raises(UnsupportedCapabilityError, match=r"HISPARSE_HAL_CACHE_OPS=host on device cuda:0: .*syncs a GPU"):
+    with pytest.raises(
+        UnsupportedCapabilityError, match=r"HISPARSE_HAL_CACHE_OPS=host on device cuda:0: .*syncs a GPU"
+    ):
         choose_cache_ops(GPU, HAS_TRITON, environ={CACHE_OPS_ENV: "host"})
 
 

@@ -8,20 +8,49 @@ import xml.etree.ElementTree as ET
 from hisparse_hal.conformance.junit import render_junit, skip_kind, write_junit
 
 DOC = {
-    "suite_version": "1.0", "backend": "cpu", "facts": {"torch": "2.13.0+cpu", "device": "cpu"},
+    "suite_version": "1.0",
+    "backend": "cpu",
+    "facts": {"torch": "2.13.0+cpu", "device": "cpu"},
     "summary": {"passed": 1, "failed": 1, "skipped": 2, "xfailed": 1, "xpassed": 1},
     "tests": [
         {"id": "test_swaps.py::test_ok[4]", "area": "swaps", "outcome": "passed", "duration": 0.5, "reason": ""},
-        {"id": "test_swaps.py::test_bad", "area": "swaps", "outcome": "failed", "duration": 0.25,
-         "reason": "AssertionError: byte 7 <differs> & more"},
-        {"id": "test_capture.py::test_graph", "area": "capture", "outcome": "skipped", "duration": 0.0,
-         "reason": "backend capability graph_capture is False on 'rocm'; this test needs it"},
-        {"id": "test_ipc.py::test_ipc", "area": "ipc", "outcome": "skipped", "duration": 0.0,
-         "reason": "probe tier failed (test_probe.py::x); the rest of the suite is skipped until the probe tier passes"},
-        {"id": "test_stats.py::test_known", "area": "stats", "outcome": "xfailed", "duration": 0.1,
-         "reason": "driver 7.2 rejects attributes (expectations rocm/expectations.toml)"},
-        {"id": "test_stats.py::test_fixed", "area": "stats", "outcome": "xpassed", "duration": 0.1,
-         "reason": "unexpected pass of an expected failure: fixed upstream"},
+        {
+            "id": "test_swaps.py::test_bad",
+            "area": "swaps",
+            "outcome": "failed",
+            "duration": 0.25,
+            "reason": "AssertionError: byte 7 <differs> & more",
+        },
+        {
+            "id": "test_capture.py::test_graph",
+            "area": "capture",
+            "outcome": "skipped",
+            "duration": 0.0,
+            "reason": "backend capability graph_capture is False on 'rocm'; this test needs it",
+        },
+        {
+            "id": "test_ipc.py::test_ipc",
+            "area": "ipc",
+            "outcome": "skipped",
+            "duration": 0.0,
+            "reason": (
+                "probe tier failed (test_probe.py::x); the rest of the suite is skipped until the probe tier passes"
+            ),
+        },
+        {
+            "id": "test_stats.py::test_known",
+            "area": "stats",
+            "outcome": "xfailed",
+            "duration": 0.1,
+            "reason": "driver 7.2 rejects attributes (expectations rocm/expectations.toml)",
+        },
+        {
+            "id": "test_stats.py::test_fixed",
+            "area": "stats",
+            "outcome": "xpassed",
+            "duration": 0.1,
+            "reason": "unexpected pass of an expected failure: fixed upstream",
+        },
     ],
 }
 

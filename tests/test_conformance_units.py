@@ -65,7 +65,9 @@ architectures = ["gfx942"]
 
 
 def test_inline_expectations_list_is_accepted(tmp_path):
-    found = load_expectations(_write(tmp_path, 'expectations = [ { id = "test_a.py", status = "skip", reason = "r" } ]\n'))
+    found = load_expectations(
+        _write(tmp_path, 'expectations = [ { id = "test_a.py", status = "skip", reason = "r" } ]\n')
+    )
     assert found.entries[0].id == "test_a.py"
     assert load_expectations(_write(tmp_path, "expectations = []\n")).entries == ()
 
@@ -75,11 +77,17 @@ def test_inline_expectations_list_is_accepted(tmp_path):
     [
         ('[[expectations]]\nid = "t"\nstatus = "xfail"\n', r"non-empty 'reason' is required"),
         ('[[expectations]]\nid = "t"\nstatus = "xfail"\nreason = "  "\n', r"non-empty 'reason' is required"),
-        ('[[expectations]]\nid = "t"\nstatus = "fail"\nreason = "r"\n', r"'status' must be one of \('xfail', 'skip'\), got 'fail'"),
+        (
+            '[[expectations]]\nid = "t"\nstatus = "fail"\nreason = "r"\n',
+            r"'status' must be one of \('xfail', 'skip'\), got 'fail'",
+        ),
         ('[[expectations]]\nstatus = "skip"\nreason = "r"\n', r"'id' must be a non-empty test id"),
         ('[[expectations]]\nid = "t"\nstatus = "skip"\nreason = "r"\nwhy = 1\n', r"unknown keys \['why'\]"),
         ('[[expectations]]\nid = "t"\nstatus = "skip"\nreason = "r"\narchs = ["x"]\n', r"spelled 'architectures'"),
-        ('[[expectations]]\nid = "t"\nstatus = "skip"\nreason = "r"\narchitectures = "gfx942"\n', r"'architectures' must be a list"),
+        (
+            '[[expectations]]\nid = "t"\nstatus = "skip"\nreason = "r"\narchitectures = "gfx942"\n',
+            r"'architectures' must be a list",
+        ),
         ('[[expectation]]\nid = "t"\n', r"unknown top-level keys \['expectation'\]"),
         ("id = [", r"not valid TOML"),
     ],
@@ -110,7 +118,10 @@ def _report(nodeid: str, when: str, outcome: str, longrepr=None, wasxfail=None, 
 
 
 def test_ids_and_areas_do_not_depend_on_where_the_suite_is_installed():
-    assert suite_test_id("../site-packages/hisparse_hal/conformance/tests/test_swaps.py::test_a[1]") == "test_swaps.py::test_a[1]"
+    assert (
+        suite_test_id("../site-packages/hisparse_hal/conformance/tests/test_swaps.py::test_a[1]")
+        == "test_swaps.py::test_a[1]"
+    )
     assert area_of("x/test_ipc.py::test_b") == "ipc" and area_of("x/test_elsewhere.py::t") == "other"
 
 
@@ -118,12 +129,31 @@ def test_collector_gives_every_test_one_outcome():
     collector = ResultCollector()
     phases: dict[str, list[tuple[Any, ...]]] = {
         "t/test_swaps.py::ok": [("setup", "passed"), ("call", "passed"), ("teardown", "passed")],
-        "t/test_swaps.py::bad": [("setup", "passed"), ("call", "failed", "AssertionError: 3 bytes differ"), ("teardown", "passed")],
+        "t/test_swaps.py::bad": [
+            ("setup", "passed"),
+            ("call", "failed", "AssertionError: 3 bytes differ"),
+            ("teardown", "passed"),
+        ],
         "t/test_pinning.py::setup_error": [("setup", "failed", "RuntimeError: no pool"), ("teardown", "passed")],
-        "t/test_stats.py::teardown_error": [("setup", "passed"), ("call", "passed"), ("teardown", "failed", "AssertionError: canary")],
-        "t/test_ipc.py::skipped": [("setup", "skipped", ("f", 1, "Skipped: backend capability ipc_events is False")), ("teardown", "passed")],
-        "t/test_ipc.py::xfailed": [("setup", "passed"), ("call", "skipped", None, "32-slot ring"), ("teardown", "passed")],
-        "t/test_ipc.py::xpassed": [("setup", "passed"), ("call", "failed", "[XPASS(strict)] 32-slot ring"), ("teardown", "passed")],
+        "t/test_stats.py::teardown_error": [
+            ("setup", "passed"),
+            ("call", "passed"),
+            ("teardown", "failed", "AssertionError: canary"),
+        ],
+        "t/test_ipc.py::skipped": [
+            ("setup", "skipped", ("f", 1, "Skipped: backend capability ipc_events is False")),
+            ("teardown", "passed"),
+        ],
+        "t/test_ipc.py::xfailed": [
+            ("setup", "passed"),
+            ("call", "skipped", None, "32-slot ring"),
+            ("teardown", "passed"),
+        ],
+        "t/test_ipc.py::xpassed": [
+            ("setup", "passed"),
+            ("call", "failed", "[XPASS(strict)] 32-slot ring"),
+            ("teardown", "passed"),
+        ],
     }
     for nodeid, steps in phases.items():
         for step in steps:
@@ -152,15 +182,24 @@ def test_collector_gives_every_test_one_outcome():
 def _doc(backend: str, outcomes: dict[str, str], arch: list[str]) -> dict:
     tests = [{"id": f"test_{area}.py::t{i}", "area": area, "outcome": o, "duration": 0.0, "reason": ""}
              for i, (area, o) in enumerate(outcomes.items())]
-    summary = {o: sum(1 for t in tests if t["outcome"] == o) for o in ("passed", "failed", "skipped", "xfailed", "xpassed")}
-    return {"suite_version": "1.0", "backend": backend, "facts": {"architectures": arch, "torch": "2.13", "probe": {"device_names": ["NVIDIA H200"]}},
-            "summary": summary, "tests": tests}
+    summary = {
+        o: sum(1 for t in tests if t["outcome"] == o) for o in ("passed", "failed", "skipped", "xfailed", "xpassed")
+    }
+    return {
+        "suite_version": "1.0",
+        "backend": backend,
+        "facts": {"architectures": arch, "torch": "2.13", "probe": {"device_names": ["NVIDIA H200"]}},
+        "summary": summary,
+        "tests": tests,
+    }
 
 
 def test_merge_reports_builds_one_row_per_machine(tmp_path):
     merge = _merge_module()
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "results.json").write_text(json.dumps(_doc("cuda", {"probe": "passed", "swaps": "passed", "ipc": "xfailed"}, ["sm_90"])))
+    (tmp_path / "a" / "results.json").write_text(
+        json.dumps(_doc("cuda", {"probe": "passed", "swaps": "passed", "ipc": "xfailed"}, ["sm_90"]))
+    )
     (tmp_path / "b.json").write_text(json.dumps(_doc("rocm", {"probe": "passed", "swaps": "failed"}, ["gfx942"])))
     rc = merge.main(["--out", str(tmp_path / "out"), str(tmp_path / "a"), f"MI300X ROCm 7.2={tmp_path / 'b.json'}"])
     assert rc == 1, "a failing row makes the merge fail"
@@ -168,7 +207,11 @@ def test_merge_reports_builds_one_row_per_machine(tmp_path):
     first, second = merged["rows"]
     assert first["label"] == "cuda on NVIDIA H200" and first["verdict"] == "PASS"
     assert first["areas"]["ipc"]["verdict"] == "PASS" and first["areas"]["gathers"]["verdict"] == "n/a"
-    assert second["label"] == "MI300X ROCm 7.2" and second["verdict"] == "FAIL" and second["failing"] == ["test_swaps.py::t1"]
+    assert (
+        second["label"] == "MI300X ROCm 7.2"
+        and second["verdict"] == "FAIL"
+        and second["failing"] == ["test_swaps.py::t1"]
+    )
     table = (tmp_path / "out" / "compatibility.md").read_text()
     assert "| cuda on NVIDIA H200 | sm_90 | 2.13 | PASS 1/1 | PASS 1/1 | n/a |" in table
     assert "MI300X ROCm 7.2: `test_swaps.py::t1`" in table
@@ -193,7 +236,11 @@ def test_recipe_needs_exactly_one_source():
 
 def test_factories_are_checked():
     assert load_factory("hisparse_hal.vendors.cpu.backend:CpuBackend") is CpuBackend
-    for target, message in (("nocolon", "package.module:callable"), ("os:path.nope", "no attribute"), ("os:sep", "not callable")):
+    for target, message in (
+        ("nocolon", "package.module:callable"),
+        ("os:path.nope", "no attribute"),
+        ("os:sep", "not callable"),
+    ):
         with pytest.raises(InvalidArgumentError, match=message):
             load_factory(target)
 
@@ -210,7 +257,9 @@ def test_vendor_expectations_are_found_through_the_class_hierarchy():
 def test_runner_builds_the_pytest_command_line():
     parser = argparse.ArgumentParser()
     runner.add_arguments(parser)
-    args = parser.parse_args(["--backend", "cpu", "--report", "out", "--strict", "-k", "swaps", "--pytest-args", "-x --maxfail 2"])
+    args = parser.parse_args(
+        ["--backend", "cpu", "--report", "out", "--strict", "-k", "swaps", "--pytest-args", "-x --maxfail 2"]
+    )
     argv = runner.pytest_arguments(args, BackendRecipe.resolve("cpu"))
     assert argv[:2] == ["-p", "hisparse_hal.conformance.plugin"] and "--pyargs" in argv
     assert argv[argv.index("--hal-backend") + 1] == "cpu"

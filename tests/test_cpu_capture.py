@@ -165,7 +165,9 @@ def test_replay_inside_the_capture_block_or_another_capture_is_rejected(backend)
         with pytest.raises(CaptureMisuseError, match=r"replay\(\) called before the capture ended"):
             graph.replay()
     with backend.capture():
-        with pytest.raises(CaptureMisuseError, match="CpuGraph.replay cannot run while the current stream is capturing"):
+        with pytest.raises(
+            CaptureMisuseError, match="CpuGraph.replay cannot run while the current stream is capturing"
+        ):
             graph.replay()
 
 
@@ -173,7 +175,9 @@ def test_invalid_swap_or_gather_while_capturing_is_rejected_and_not_recorded(bac
     pool, source = pool_and_source
     staging = torch.zeros(1, BLOCK, dtype=torch.uint8)
     with backend.capture() as graph:
-        with pytest.raises(InvalidDescriptorError, match="descriptor 0: source range .* is not inside any known region"):
+        with pytest.raises(
+            InvalidDescriptorError, match="descriptor 0: source range .* is not inside any known region"
+        ):
             backend.swap_blocks_batch(torch.tensor([16]), torch.tensor([pool.data_ptr()]), torch.tensor([8]))
         with pytest.raises(InvalidArgumentError, match=r"row_ids\[0\] = 8 is out of range"):
             backend.gather_resident_rows(pool.view(8, 1, BLOCK), staging, torch.tensor([8]))
@@ -189,9 +193,14 @@ def test_replay_after_a_captured_region_was_released_is_rejected_and_replays_not
     backend.pin_tensor(other)
     with backend.capture() as graph:
         backend.swap_blocks_batch(*_swap_args(source, pool, [6]))
-        backend.swap_blocks_batch(torch.tensor([source.data_ptr()]), torch.tensor([other.data_ptr()]), torch.tensor([BLOCK]))
+        backend.swap_blocks_batch(
+            torch.tensor([source.data_ptr()]), torch.tensor([other.data_ptr()]), torch.tensor([BLOCK])
+        )
     backend.unpin_tensor(other)
-    with pytest.raises(InvalidDescriptorError, match=r"replay: a captured swap uses region 'pinned host .*released after the capture; nothing was replayed"):
+    with pytest.raises(
+        InvalidDescriptorError,
+        match=r"replay: a captured swap uses region 'pinned host .*released after the capture; nothing was replayed",
+    ):
         graph.replay()
     assert pool.eq(0).all() and other.eq(0).all()
 
@@ -204,7 +213,11 @@ def test_replay_with_ids_now_out_of_range_is_rejected_and_replays_nothing(backen
         backend.swap_blocks_batch(*_swap_args(source, pool, [0]))
         backend.gather_resident_rows(source.view(8, 1, BLOCK), staging, ids)
     ids.fill_(99)
-    with pytest.raises(InvalidArgumentError, match=r"replay: captured gather row_ids\[0\] = 99 is out of range: ids must be -1 \(not resident\) or in \[0, 8\).*nothing was replayed"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"replay: captured gather row_ids\[0\] = 99 is out of range: ids must be -1 \(not resident\) "
+        r"or in \[0, 8\).*nothing was replayed",
+    ):
         graph.replay()
     assert pool.eq(0).all() and staging.eq(0).all()
 

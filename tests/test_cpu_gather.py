@@ -74,18 +74,33 @@ def test_gather_rejects_out_of_range_ids_and_writes_nothing(backend):
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda s, o: (s, o.to("meta"), torch.tensor([0, 1])), r"gather destination is on meta, but backend 'cpu' runs on cpu"),
+        (
+            lambda s, o: (s, o.to("meta"), torch.tensor([0, 1])),
+            r"gather destination is on meta, but backend 'cpu' runs on cpu",
+        ),
         (lambda s, o: (s.to("meta"), o, torch.tensor([0, 1])), r"gather source is on meta"),
         (lambda s, o: (s, o, torch.tensor([0.0, 1.0])), r"row_ids must be int32 or int64, got torch.float32"),
         (lambda s, o: (s, o, torch.tensor([[0, 1]])), r"row_ids must be a flat 1-D list, got shape \(1, 2\)"),
         (lambda s, o: (s, o, [0, 1]), r"gather 'row_ids' must be a torch.Tensor, got list"),
-        (lambda s, o: (s[0], o, torch.tensor([0, 1])), r"source must be \[num_blocks, block_size, row_width\], got shape \(4, 656\)"),
+        (
+            lambda s, o: (s[0], o, torch.tensor([0, 1])),
+            r"source must be \[num_blocks, block_size, row_width\], got shape \(4, 656\)",
+        ),
         (lambda s, o: (s, o[:, :600], torch.tensor([0, 1])), r"destination must be contiguous"),
         (lambda s, o: (s, o[:1], torch.tensor([0, 1])), r"does not hold 2 rows of 656"),
         (lambda s, o: (s, torch.zeros(2, 81, dtype=torch.int64), torch.tensor([0, 1])), r"does not hold 2 rows of 82"),
     ],
-    ids=["destination_device", "source_device", "id_dtype", "id_shape", "ids_not_tensor", "source_rank",
-         "strided_destination", "short_destination", "narrow_rows"],
+    ids=[
+        "destination_device",
+        "source_device",
+        "id_dtype",
+        "id_shape",
+        "ids_not_tensor",
+        "source_rank",
+        "strided_destination",
+        "short_destination",
+        "narrow_rows",
+    ],
 )
 def test_gather_rejects_bad_arguments(backend, make, message):
     out = torch.zeros(2, 656, dtype=torch.uint8)

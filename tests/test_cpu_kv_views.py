@@ -78,7 +78,10 @@ def test_fp8_ds_mla_needs_656_byte_rows(backend):
         (KVCacheConfig("bf16", 0, 2, 64, (LayerSpec("l"),)), r"num_blocks must be a positive int, got 0"),
         (KVCacheConfig("bf16", 4, 2, 64, ()), r"has no layers"),
         (KVCacheConfig("bf16", 4, 2, 64, (LayerSpec("l"), LayerSpec("l", 4096))), r"'l' appears twice"),
-        (KVCacheConfig("bf16", 4, 2, 64, (LayerSpec("l", 3),)), r"offset 3 must be >= 0 and a multiple of the 128-byte row"),
+        (
+            KVCacheConfig("bf16", 4, 2, 64, (LayerSpec("l", 3),)),
+            r"offset 3 must be >= 0 and a multiple of the 128-byte row",
+        ),
         ({"format": "bf16"}, r"expected a KVCacheConfig, got dict"),
     ],
     ids=["unknown_format", "zero_blocks", "no_layers", "duplicate_layer", "misaligned_offset", "not_a_config"],
@@ -92,8 +95,14 @@ def test_bad_configs_are_rejected(backend, config, message):
     "make, message",
     [
         (lambda c: {}, r"layer 'l0' is not in kv_caches"),
-        (lambda c: {"l0": torch.zeros(c.layer_bytes - 1, dtype=torch.uint8)}, r"needs bytes \[0, 5248\) but kv_caches\['l0'\] holds 5247"),
-        (lambda c: {"l0": torch.zeros(c.layer_bytes, dtype=torch.uint8, device="meta")}, r"is on meta, but this backend's caches live on cpu"),
+        (
+            lambda c: {"l0": torch.zeros(c.layer_bytes - 1, dtype=torch.uint8)},
+            r"needs bytes \[0, 5248\) but kv_caches\['l0'\] holds 5247",
+        ),
+        (
+            lambda c: {"l0": torch.zeros(c.layer_bytes, dtype=torch.uint8, device="meta")},
+            r"is on meta, but this backend's caches live on cpu",
+        ),
         (lambda c: {"l0": torch.zeros(2, c.layer_bytes, dtype=torch.uint8)[:, ::2]}, r"must be contiguous"),
         (lambda c: {"l0": bytearray(c.layer_bytes)}, r"must be a torch.Tensor, got bytearray"),
     ],
@@ -116,10 +125,14 @@ def test_swaps_into_a_prepared_cache_are_accepted_and_outside_it_rejected(backen
     pool = torch.arange(656, dtype=torch.int32).to(torch.uint8)
     backend.pin_tensor(pool)
     view = kv_caches["l0"]
-    backend.swap_blocks_batch(torch.tensor([pool.data_ptr()]), torch.tensor([view[3, 1].data_ptr()]), torch.tensor([656]))
+    backend.swap_blocks_batch(
+        torch.tensor([pool.data_ptr()]), torch.tensor([view[3, 1].data_ptr()]), torch.tensor([656])
+    )
     assert torch.equal(view[3, 1], pool)
     outside = storage.data_ptr() + config.layer_bytes
-    with pytest.raises(InvalidDescriptorError, match=r"descriptor 0: destination range .* is not inside any known region"):
+    with pytest.raises(
+        InvalidDescriptorError, match=r"descriptor 0: destination range .* is not inside any known region"
+    ):
         backend.swap_blocks_batch(torch.tensor([pool.data_ptr()]), torch.tensor([outside]), torch.tensor([656]))
     assert storage[config.layer_bytes:].eq(0).all()
     backend.unpin_tensor(pool)
@@ -127,7 +140,10 @@ def test_swaps_into_a_prepared_cache_are_accepted_and_outside_it_rejected(backen
 
 def test_preparing_again_replaces_the_cache_regions(backend):
     config = _mla(layers=("l0",))
-    first, second = torch.zeros(config.layer_bytes, dtype=torch.uint8), torch.zeros(config.layer_bytes, dtype=torch.uint8)
+    first, second = (
+        torch.zeros(config.layer_bytes, dtype=torch.uint8),
+        torch.zeros(config.layer_bytes, dtype=torch.uint8),
+    )
     backend.prepare_kv_cache_views(config, {"l0": first}, {})
     backend.prepare_kv_cache_views(config, {"l0": second}, {})
     (region,) = backend.regions

@@ -186,16 +186,30 @@ def test_cache_ops_swap_and_stats_counter(backend, cache_and_pool):
 # ----------------------------------------------------------------------------- rejected batches
 BAD_BATCHES = [
     pytest.param(lambda c, p: ([c], [p, p], [BLOCK]), r"equal lengths, got src=1, dst=2, sizes=1", id="length"),
-    pytest.param(lambda c, p: (torch.tensor([1], dtype=torch.int32), [p], [BLOCK]),
-                 r"'src' must have dtype torch.int64, got torch.int32", id="dtype"),
-    pytest.param(lambda c, p: (torch.tensor([c], device="meta"), [p], [BLOCK]),
-                 r"'src' must be a CPU tensor, got device meta", id="device"),
+    pytest.param(
+        lambda c, p: (torch.tensor([1], dtype=torch.int32), [p], [BLOCK]),
+        r"'src' must have dtype torch.int64, got torch.int32",
+        id="dtype",
+    ),
+    pytest.param(
+        lambda c, p: (torch.tensor([c], device="meta"), [p], [BLOCK]),
+        r"'src' must be a CPU tensor, got device meta",
+        id="device",
+    ),
     pytest.param(lambda c, p: ([[c]], [[p]], [[BLOCK]]), r"'src' must be 1-D, got shape \(1, 1\)", id="2d"),
-    pytest.param(lambda c, p: ([c, c], [p, p + BLOCK], [BLOCK, -1]), r"descriptor 1 has negative size -1", id="negative"),
-    pytest.param(lambda c, p: ([c, 64], [p, p], [BLOCK, 8]),
-                 r"descriptor 1: source range \[0x40, 0x48\) \(8 bytes\) is not inside any known region", id="outside"),
-    pytest.param(lambda c, p: ([c, c], [p, p + 63 * BLOCK + 1], [BLOCK, BLOCK]),
-                 r"descriptor 1: destination range .* runs past the end of region 'pinned host", id="straddle"),
+    pytest.param(
+        lambda c, p: ([c, c], [p, p + BLOCK], [BLOCK, -1]), r"descriptor 1 has negative size -1", id="negative"
+    ),
+    pytest.param(
+        lambda c, p: ([c, 64], [p, p], [BLOCK, 8]),
+        r"descriptor 1: source range \[0x40, 0x48\) \(8 bytes\) is not inside any known region",
+        id="outside",
+    ),
+    pytest.param(
+        lambda c, p: ([c, c], [p, p + 63 * BLOCK + 1], [BLOCK, BLOCK]),
+        r"descriptor 1: destination range .* runs past the end of region 'pinned host",
+        id="straddle",
+    ),
 ]
 
 

@@ -48,7 +48,9 @@ class SimulatedCudaBackend(CudaBackend):
         return self.capturing
 
 
-def make_backend(driver_version: int = 12080, *, cap: int | None = None, **sim_options: object) -> tuple[SimulatedCudaBackend, SimulatedCudaDriver]:
+def make_backend(
+    driver_version: int = 12080, *, cap: int | None = None, **sim_options: object
+) -> tuple[SimulatedCudaBackend, SimulatedCudaDriver]:
     sim = SimulatedCudaDriver(driver_version, **sim_options)  # type: ignore[arg-type]
     backend = SimulatedCudaBackend.for_device(
         0, driver_version, "sm_90", runtime=CudaDriver(0, sim), device=torch.device("cpu"), max_batch_descriptors=cap
@@ -59,15 +61,21 @@ def make_backend(driver_version: int = 12080, *, cap: int | None = None, **sim_o
 class Pool:
     """A simulated device cache (registered as an explicit device region) and a pinned host pool."""
 
-    def __init__(self, backend: SimulatedCudaBackend, sim: SimulatedCudaDriver, blocks: int = 64, block: int = 656) -> None:
+    def __init__(
+        self, backend: SimulatedCudaBackend, sim: SimulatedCudaDriver, blocks: int = 64, block: int = 656
+    ) -> None:
         self.block = block
         self.device = sim.allocate_device(blocks * block)
-        self.device.copy_(torch.randint(0, 256, (blocks * block,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7)))
+        self.device.copy_(
+            torch.randint(0, 256, (blocks * block,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
+        )
         self.region = backend.register_region(self.device.data_ptr(), blocks * block, "sim device cache", device=GPU)
         self.host = torch.zeros(blocks, block, dtype=torch.uint8)
         backend.pin_tensor(self.host)
 
-    def spill(self, src_blocks: list[int] | torch.Tensor, dst_blocks: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def spill(
+        self, src_blocks: list[int] | torch.Tensor, dst_blocks: list[int] | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s = torch.as_tensor(src_blocks, dtype=torch.int64)
         d = torch.as_tensor(dst_blocks, dtype=torch.int64)
         return (self.device.data_ptr() + s * self.block, self.host.data_ptr() + d * self.block,
@@ -125,7 +133,9 @@ def test_failing_descriptor_index_counts_from_the_start_of_the_whole_swap() -> N
     backend, sim = make_backend(cap=4)
     pool = Pool(backend, sim)
     sim.fail_copies_touching(pool.device.data_ptr() + 6 * pool.block)
-    with pytest.raises(DeviceRuntimeError, match="at descriptor 6: .*descriptors before 4 were already enqueued") as info:
+    with pytest.raises(
+        DeviceRuntimeError, match="at descriptor 6: .*descriptors before 4 were already enqueued"
+    ) as info:
         backend.swap_blocks_batch(*pool.spill(list(range(10)), list(range(10))))
     assert info.value.index == 6
 
@@ -167,7 +177,9 @@ def test_swap_outside_known_regions_is_rejected_before_the_driver_is_called() ->
     src, dst, sizes = pool.spill([0, 1, 2], [0, 1, 2])
     dst[1] += 10**6
     calls = len(sim.calls)
-    with pytest.raises(InvalidDescriptorError, match="swap descriptor 1: destination range .* is not inside any known region"):
+    with pytest.raises(
+        InvalidDescriptorError, match="swap descriptor 1: destination range .* is not inside any known region"
+    ):
         backend.swap_blocks_batch(src, dst, sizes)
     assert len(sim.calls) == calls
     assert int(pool.host.count_nonzero()) == 0
@@ -242,7 +254,10 @@ def test_pin_failing_halfway_rolls_back_every_registered_chunk() -> None:
     backend, sim = make_backend(fail_register_call=3)
     backend.host_chunk_bytes = 16 * 1024
     host = torch.zeros(16, 4096, dtype=torch.uint8)
-    with pytest.raises(DeviceRuntimeError, match=r"cuMemHostRegister failed with CUDA_ERROR_OUT_OF_MEMORY \(2\): registering 16384 bytes"):
+    with pytest.raises(
+        DeviceRuntimeError,
+        match=r"cuMemHostRegister failed with CUDA_ERROR_OUT_OF_MEMORY \(2\): registering 16384 bytes",
+    ):
         backend.pin_tensor(host)
     assert sim.registered == {}
     assert len(sim.calls_to("cuMemHostUnregister")) == 2
@@ -292,7 +307,9 @@ def test_capturing_swap_touching_an_explicit_host_region_is_rejected_before_the_
     calls = len(sim.calls)
     src = torch.tensor([pool.device.data_ptr(), pool.device.data_ptr() + pool.block], dtype=torch.int64)
     dst = torch.tensor([pool.host.data_ptr(), staging.data_ptr()], dtype=torch.int64)
-    with pytest.raises(CaptureMisuseError, match="swap descriptor 1 touches explicit host region 'staging'.*capture is still valid"):
+    with pytest.raises(
+        CaptureMisuseError, match="swap descriptor 1 touches explicit host region 'staging'.*capture is still valid"
+    ):
         backend.swap_blocks_batch(src, dst, torch.full((2,), pool.block, dtype=torch.int64))
     assert len(sim.calls) == calls
 
@@ -329,7 +346,9 @@ def test_kv_config_accepts_ocp_fp8_and_656_byte_ds_mla_rows() -> None:
 
 def test_kv_config_rejects_fnuz_fp8_on_nvidia() -> None:
     backend, _ = make_backend()
-    with pytest.raises(UnsupportedCapabilityError, match=r"'fp8_e4m3fnuz' is not supported on backend 'cuda' \(sm_90\)"):
+    with pytest.raises(
+        UnsupportedCapabilityError, match=r"'fp8_e4m3fnuz' is not supported on backend 'cuda' \(sm_90\)"
+    ):
         backend.validate_kv_cache_config(KVCacheConfig("fp8_e4m3fnuz", 8, 64, 576, (LayerSpec("l0"),)))
 
 
@@ -340,7 +359,10 @@ def test_prepared_cache_layers_become_swap_sources() -> None:
     sim._device_memory.append((storage.data_ptr(), storage.data_ptr() + storage.numel(), storage))
     caches = {"l0": storage, "l1": storage}
     backend.prepare_kv_cache_views(config, caches, {})
-    assert caches["l1"].shape == (4, 2, 656) and caches["l1"].untyped_storage().data_ptr() == storage.untyped_storage().data_ptr()
+    assert (
+        caches["l1"].shape == (4, 2, 656)
+        and caches["l1"].untyped_storage().data_ptr() == storage.untyped_storage().data_ptr()
+    )
     host = torch.zeros(2, 656, dtype=torch.uint8)
     backend.pin_tensor(host)
     src = torch.tensor([caches["l1"][3, 1].data_ptr(), caches["l0"][0, 0].data_ptr()], dtype=torch.int64)
@@ -375,7 +397,12 @@ def test_from_probe_plans_from_the_probed_driver_torchs_device_capability_and_th
     backend = CudaBackend.from_probe(_probe_result({"driver_version": 12090}))
     assert backend.device == torch.device("cuda", 1) and backend.device_index == 1
     assert backend.capabilities.batch_copy == "native"
-    assert dict(backend.capabilities.versions) == {"driver": "12.9", "driver_api": "12090", "arch": "sm_90", "batch_cap": "default"}
+    assert dict(backend.capabilities.versions) == {
+        "driver": "12.9",
+        "driver_api": "12090",
+        "arch": "sm_90",
+        "batch_cap": "default",
+    }
     assert isinstance(backend.runtime, CudaDriver) and backend.runtime.device_ordinal == 1
     assert sim.calls_to("cuDeviceGetAttribute") == [{"attribute": 91, "device": 1}]
     assert backend.capabilities.host_pointer_alias is (not host_pointer_usable)
@@ -401,7 +428,9 @@ def test_cache_ops_kernels_get_the_registration_alias_on_a_device_that_needs_one
     backend.pin_tensor(host)
     layer = host[4:8]  # a view inside the second chunk, as one layer of a host pool
     assert backend.device_address_of_host(layer) == layer.data_ptr() + DEVICE_ALIAS_OFFSET
-    with pytest.raises(UnsupportedCapabilityError, match=r"device alias 0x[0-9a-f]+ of host memory .* cannot be dereferenced"):
+    with pytest.raises(
+        UnsupportedCapabilityError, match=r"device alias 0x[0-9a-f]+ of host memory .* cannot be dereferenced"
+    ):
         backend.device_view_of_host(layer)  # the simulated device is the CPU: an alias is not readable there
     backend.unpin_tensor(host)
 

@@ -28,7 +28,9 @@ def _no_cap_override(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 @pytest.mark.parametrize("arch", ARCHS)
-def test_plan_uses_native_batch_copy_from_driver_12_8(driver_version: int, batch_copy: str, driver: str, arch: str) -> None:
+def test_plan_uses_native_batch_copy_from_driver_12_8(
+    driver_version: int, batch_copy: str, driver: str, arch: str
+) -> None:
     caps = plan_capabilities(driver_version, arch)
     native = batch_copy == "native"
     assert caps.batch_copy == batch_copy

@@ -32,7 +32,9 @@ class Setup:
         self.sim = sim
         self.driver = CudaDriver(0, sim)
         self.device = sim.allocate_device(nbytes)
-        self.device.copy_(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)))
+        self.device.copy_(
+            torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+        )
         self.host = torch.zeros(nbytes, dtype=torch.uint8)
         self.driver.register_host(self.host.data_ptr(), nbytes)
         self.table = RegionTable()
@@ -44,7 +46,9 @@ class Setup:
         n = len(blocks)
         src = self.device.data_ptr() + torch.arange(n, dtype=torch.int64) * block
         dst = self.host.data_ptr() + torch.tensor(blocks, dtype=torch.int64) * block
-        size = torch.tensor(sizes, dtype=torch.int64) if sizes is not None else torch.full((n,), block, dtype=torch.int64)
+        size = (
+            torch.tensor(sizes, dtype=torch.int64) if sizes is not None else torch.full((n,), block, dtype=torch.int64)
+        )
         return self.table.check_swap_batch(src, dst, size)
 
     def host_block(self, i: int, block: int = 512) -> torch.Tensor:
@@ -60,7 +64,9 @@ def test_attribute_struct_matches_cuda_12_8_layout() -> None:
     assert CU_MEMCPY_SRC_ACCESS_ORDER_STREAM == 1
 
 
-@pytest.mark.parametrize("version, expected", [(11080, False), (12040, False), (12079, False), (12080, True), (12090, True), (13000, True)])
+@pytest.mark.parametrize(
+    "version, expected", [(11080, False), (12040, False), (12079, False), (12080, True), (12090, True), (13000, True)]
+)
 def test_batch_symbol_resolves_only_from_driver_12_8(version: int, expected: bool) -> None:
     sim = SimulatedCudaDriver(version)
     driver = CudaDriver(0, sim)
@@ -101,7 +107,10 @@ def test_batch_copy_moves_real_bytes_with_stream_ordered_source_reads() -> None:
 
 def test_batch_copy_on_the_legacy_stream_fails_with_the_driver_error_name() -> None:
     setup = Setup(SimulatedCudaDriver(12080))
-    with pytest.raises(DeviceRuntimeError, match=r"cuMemcpyBatchAsync failed with CUDA_ERROR_INVALID_VALUE \(1\): 2 descriptors on stream 0x0") as info:
+    with pytest.raises(
+        DeviceRuntimeError,
+        match=r"cuMemcpyBatchAsync failed with CUDA_ERROR_INVALID_VALUE \(1\): 2 descriptors on stream 0x0",
+    ) as info:
         setup.driver.copy_batch(setup.spill([0, 1]), 0, use_attributes=True)
     assert info.value.error_name == "CUDA_ERROR_INVALID_VALUE" and info.value.index is None
 
@@ -138,7 +147,9 @@ def test_batch_without_attributes_is_refused_by_cuda() -> None:
 
 def test_batch_on_a_driver_without_the_symbol_is_a_typed_error() -> None:
     setup = Setup(SimulatedCudaDriver(12040))
-    with pytest.raises(DeviceRuntimeError, match="CUDA_ERROR_NOT_FOUND .*driver 12040 has no batch copy; use copy_each"):
+    with pytest.raises(
+        DeviceRuntimeError, match="CUDA_ERROR_NOT_FOUND .*driver 12040 has no batch copy; use copy_each"
+    ):
         setup.driver.copy_batch(setup.spill([0]), STREAM, use_attributes=True)
 
 
@@ -158,7 +169,10 @@ def test_per_copy_loop_failure_names_the_call_and_index() -> None:
     sim = SimulatedCudaDriver(12040)
     setup = Setup(sim)
     sim.fail_copies_touching(setup.host.data_ptr() + 4 * 512)
-    with pytest.raises(DeviceRuntimeError, match=r"cuMemcpyAsync failed with CUDA_ERROR_INVALID_VALUE \(1\) at descriptor 1: copy of 512 bytes"):
+    with pytest.raises(
+        DeviceRuntimeError,
+        match=r"cuMemcpyAsync failed with CUDA_ERROR_INVALID_VALUE \(1\) at descriptor 1: copy of 512 bytes",
+    ):
         setup.driver.copy_each(setup.spill([0, 4, 5]), STREAM)
 
 
@@ -188,11 +202,17 @@ def test_registration_is_portable_and_double_registration_is_a_named_error() -> 
     host = torch.zeros(4096, dtype=torch.uint8)
     assert driver.register_host(host.data_ptr(), 4096) is None  # attribute 91 set: no alias
     assert sim.registered[host.data_ptr()] == (4096, 0x01)  # CU_MEMHOSTREGISTER_PORTABLE
-    with pytest.raises(DeviceRuntimeError, match=r"cuMemHostRegister failed with CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED \(712\): registering 4096 bytes"):
+    with pytest.raises(
+        DeviceRuntimeError,
+        match=r"cuMemHostRegister failed with CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED \(712\): "
+        r"registering 4096 bytes",
+    ):
         driver.register_host(host.data_ptr(), 4096)
     driver.unregister_host(host.data_ptr())
     assert sim.registered == {}
-    with pytest.raises(DeviceRuntimeError, match="cuMemHostUnregister failed with CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED") as info:
+    with pytest.raises(
+        DeviceRuntimeError, match="cuMemHostUnregister failed with CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"
+    ) as info:
         driver.unregister_host(host.data_ptr())
     assert not driver.is_context_lost(info.value)
 
@@ -272,7 +292,9 @@ def test_cuinit_failure_is_a_typed_error() -> None:
 
 def test_bad_device_ordinal_is_a_typed_error() -> None:
     driver = CudaDriver(3, SimulatedCudaDriver(12080, device_count=1))
-    with pytest.raises(DeviceRuntimeError, match="cuDeviceGet failed with CUDA_ERROR_INVALID_DEVICE .*device ordinal 3"):
+    with pytest.raises(
+        DeviceRuntimeError, match="cuDeviceGet failed with CUDA_ERROR_INVALID_DEVICE .*device ordinal 3"
+    ):
         driver.register_host(torch.zeros(16, dtype=torch.uint8).data_ptr(), 16)
 
 

@@ -50,7 +50,9 @@ def _count_builds(monkeypatch, backend) -> list[torch.Tensor]:
 def _step(ops, layer: torch.Tensor, hot: torch.Tensor) -> None:
     """One gather_compact of host rows 1 and 3 of ``layer`` into hot rows 0 and 1."""
     rows = torch.tensor([[1, 3]], dtype=torch.int32)
-    ops.gather_compact(layer, hot, rows, torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([2], dtype=torch.int32))
+    ops.gather_compact(
+        layer, hot, rows, torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([2], dtype=torch.int32)
+    )
 
 
 @pytest.mark.parametrize("make", [_cuda, _rocm], ids=["cuda", "rocm"])

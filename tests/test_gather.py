@@ -64,7 +64,10 @@ def test_ds_mla_656_byte_rows_are_gathered_exactly():
 def test_out_of_range_id_is_a_typed_error_naming_index_and_value(bad):
     source = torch.randn(3, 8, 4)
     out = torch.full((3, 4), 7.0)
-    with pytest.raises(InvalidArgumentError, match=rf"row_ids\[1\] = {bad} is out of range: ids must be -1 \(not resident\) or in \[0, 24\)"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=rf"row_ids\[1\] = {bad} is out of range: ids must be -1 \(not resident\) or in \[0, 24\)",
+    ):
         gather_rows(source, out, _ids([0, bad, 1]))
     assert torch.all(out == 7.0)
 
@@ -80,7 +83,9 @@ def test_float_ids_are_rejected():
 
 
 def test_two_dimensional_source_is_rejected():
-    with pytest.raises(InvalidArgumentError, match=r"source must be \[num_blocks, block_size, row_width\], got shape \(4, 4\)"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"source must be \[num_blocks, block_size, row_width\], got shape \(4, 4\)"
+    ):
         gather_rows(torch.randn(4, 4), torch.empty(1, 4), _ids([0]))
 
 

@@ -115,7 +115,9 @@ def test_indices_and_the_first_fault_match_a_reference_over_many_gathers(launche
     monkeypatch.setattr(gather_check, "MAX_PROGRAMS", 2)  # few programs: each strides over several tiles
     rng = random.Random(seed)
     blocks, block, width = 5, 7, 3
-    base = torch.randint(0, 127, (blocks, block + 2, width), dtype=torch.int8, generator=torch.Generator().manual_seed(seed))
+    base = torch.randint(
+        0, 127, (blocks, block + 2, width), dtype=torch.int8, generator=torch.Generator().manual_seed(seed)
+    )
     source = base[:, 1:block + 1]  # padded: rows are strided, so the check remaps ids to the row view
     total = blocks * block
     check = TritonIdCheck(new_fault_record(CPU))

@@ -76,5 +76,7 @@ def test_chunk_cap_from_environment(monkeypatch):
     monkeypatch.setenv("HISPARSE_HAL_PIN_CHUNK_BYTES", "0x100000")
     assert default_chunk_bytes() == 1 << 20
     monkeypatch.setenv("HISPARSE_HAL_PIN_CHUNK_BYTES", "lots")
-    with pytest.raises(InvalidArgumentError, match=r"HISPARSE_HAL_PIN_CHUNK_BYTES must be a positive byte count, got 'lots'"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"HISPARSE_HAL_PIN_CHUNK_BYTES must be a positive byte count, got 'lots'"
+    ):
         default_chunk_bytes()

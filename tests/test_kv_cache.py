@@ -24,7 +24,9 @@ def test_ds_mla_row_must_be_656_bytes():
 
 
 def test_format_the_device_cannot_hold_is_unsupported():
-    with pytest.raises(UnsupportedCapabilityError, match=r"KV format 'fp8_e4m3fnuz' is not supported on cuda \(sm_90\)"):
+    with pytest.raises(
+        UnsupportedCapabilityError, match=r"KV format 'fp8_e4m3fnuz' is not supported on cuda \(sm_90\)"
+    ):
         validate_config(_config("fp8_e4m3fnuz"), frozenset({"bf16", "fp8_e4m3fn"}), "cuda (sm_90)")
 
 
@@ -41,7 +43,9 @@ def test_non_positive_dimensions_are_rejected(field):
 
 
 def test_misaligned_layer_offset_is_rejected():
-    with pytest.raises(InvalidArgumentError, match=r"layer 'l1' offset 100 must be >= 0 and a multiple of the 128-byte row"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"layer 'l1' offset 100 must be >= 0 and a multiple of the 128-byte row"
+    ):
         validate_config(_config(layers=(LayerSpec("l0"), LayerSpec("l1", 100))), ALL, "cpu")
 
 
@@ -65,7 +69,9 @@ def test_overlapping_layers_in_one_buffer_are_rejected():
 
 def test_layer_past_end_of_its_tensor_is_rejected():
     config = _config()
-    with pytest.raises(InvalidArgumentError, match=r"layer 'l0' needs bytes \[0, 4096\) but kv_caches\['l0'\] holds 4000 bytes"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"layer 'l0' needs bytes \[0, 4096\) but kv_caches\['l0'\] holds 4000 bytes"
+    ):
         build_views(config, {"l0": torch.zeros(4000, dtype=torch.uint8)}, CPU)
 
 

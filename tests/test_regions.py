@@ -42,13 +42,20 @@ def test_empty_batch_is_valid():
 
 
 def test_descriptor_straddling_region_end_names_index_and_overrun():
-    with pytest.raises(InvalidDescriptorError, match=r"swap descriptor 1: destination range .* runs past the end of region 'pool' .* by 1 bytes; nothing was copied") as info:
+    with pytest.raises(
+        InvalidDescriptorError,
+        match=r"swap descriptor 1: destination range .* runs past the end of region 'pool' .* by 1 bytes; "
+        r"nothing was copied",
+    ) as info:
         _table().check_swap_batch(_i64([BASE, BASE]), _i64([BASE + 8192, BASE + 8192 + 4000]), _i64([16, 97]))
     assert info.value.index == 1
 
 
 def test_descriptor_outside_every_region_is_rejected():
-    with pytest.raises(InvalidDescriptorError, match=r"swap descriptor 0: source range \[0x5000, 0x5010\) \(16 bytes\) is not inside any known region"):
+    with pytest.raises(
+        InvalidDescriptorError,
+        match=r"swap descriptor 0: source range \[0x5000, 0x5010\) \(16 bytes\) is not inside any known region",
+    ):
         _table().check_swap_batch(_i64([0x5000]), _i64([BASE + 8192]), _i64([16]))
 
 

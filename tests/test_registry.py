@@ -117,7 +117,9 @@ def test_strict_override_of_unknown_backend_raises_with_probe_table(plugin, monk
 
 def test_strict_request_of_unavailable_backend_raises_with_reason(plugin, monkeypatch):
     monkeypatch.setenv("FAKE_HAL_MODE", "absent")
-    with pytest.raises(BackendUnavailableError, match=r"backend 'fake' \(requested\) is unavailable: fake accelerator mode absent"):
+    with pytest.raises(
+        BackendUnavailableError, match=r"backend 'fake' \(requested\) is unavailable: fake accelerator mode absent"
+    ):
         hisparse_hal.get_backend("fake")
 
 
@@ -125,7 +127,9 @@ def test_tie_between_top_candidates_is_an_error_naming_them(tmp_path, monkeypatc
     _install_plugin(tmp_path, {"fake": "fake_hal_plugin:SPEC", "fake_twin": "fake_hal_plugin:TWIN"})
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "fake_hal_plugin", raising=False)
-    with pytest.raises(BackendUnavailableError, match=r"backends \['fake', 'fake_twin'\] are all available with priority 50"):
+    with pytest.raises(
+        BackendUnavailableError, match=r"backends \['fake', 'fake_twin'\] are all available with priority 50"
+    ):
         registry.select_backend()
 
 
@@ -157,7 +161,10 @@ def test_check_available_raises_for_unavailable_registered_backend(plugin, monke
 
 def test_unimplemented_member_names_backend_and_member(plugin):
     backend = hisparse_hal.get_backend("fake")
-    with pytest.raises(hisparse_hal.UnsupportedCapabilityError, match=r"backend 'fake' \(FakeBackend\) does not implement create_ipc_event"):
+    with pytest.raises(
+        hisparse_hal.UnsupportedCapabilityError,
+        match=r"backend 'fake' \(FakeBackend\) does not implement create_ipc_event",
+    ):
         backend.create_ipc_event()
     with pytest.raises(NotImplementedError, match="is_current_stream_capturing"):
         backend.is_current_stream_capturing()

@@ -51,7 +51,9 @@ def spill(backend, sim, num_blocks: int, host: torch.Tensor | None = None):
         backend.pin_tensor(host)
     order = torch.arange(num_blocks - 1, -1, -1)
     backend.swap_blocks_batch(
-        device.data_ptr() + torch.arange(num_blocks) * BLOCK, host.data_ptr() + order * BLOCK, torch.full((num_blocks,), BLOCK)
+        device.data_ptr() + torch.arange(num_blocks) * BLOCK,
+        host.data_ptr() + order * BLOCK,
+        torch.full((num_blocks,), BLOCK),
     )
     return device.view(num_blocks, BLOCK), host, order
 
@@ -104,16 +106,24 @@ def test_without_the_cap_the_simulated_gpu_faults_so_the_cap_is_what_prevents_it
     runtime = backend.runtime
     batch = backend.regions.check_swap_batch(*_identity_descriptors(backend, 8193))
     function = runtime._functions["hipMemcpyBatchAsync"]
-    status = function(batch.dst.data_ptr(), batch.src.data_ptr(), batch.sizes.data_ptr(), 8193, None, None, 0, None, 0x5000)
+    status = function(
+        batch.dst.data_ptr(), batch.src.data_ptr(), batch.sizes.data_ptr(), 8193, None, None, 0, None, 0x5000
+    )
     assert status == 700 and sim.faulted
     with pytest.raises(DeviceRuntimeError, match="hipErrorIllegalAddress"):
-        runtime.copy_batch(backend.regions.check_swap_batch(*_identity_descriptors(backend, 2)), 0x5000, use_attributes=False)
+        runtime.copy_batch(
+            backend.regions.check_swap_batch(*_identity_descriptors(backend, 2)), 0x5000, use_attributes=False
+        )
 
 
 def _identity_descriptors(backend, count):
     region = next(r for r in backend.regions if r.kind == "device_cache")
     pinned = next(r for r in backend.regions if r.kind == "pinned_host")
-    return region.start + torch.arange(count) * BLOCK, pinned.start + torch.arange(count) * BLOCK, torch.full((count,), BLOCK)
+    return (
+        region.start + torch.arange(count) * BLOCK,
+        pinned.start + torch.arange(count) * BLOCK,
+        torch.full((count,), BLOCK),
+    )
 
 
 def test_swap_on_the_legacy_default_stream_uses_the_copy_loop():
@@ -132,8 +142,11 @@ def test_swap_while_capturing_issues_per_copy_calls_a_graph_can_hold():
     host = torch.zeros(8, BLOCK, dtype=torch.uint8)
     backend.pin_tensor(host)
     with capturing(backend):
-        backend.swap_blocks_batch(device.data_ptr() + torch.arange(8) * BLOCK, host.data_ptr() + torch.arange(8) * BLOCK,
-                                  torch.full((8,), BLOCK))
+        backend.swap_blocks_batch(
+            device.data_ptr() + torch.arange(8) * BLOCK,
+            host.data_ptr() + torch.arange(8) * BLOCK,
+            torch.full((8,), BLOCK),
+        )
     assert backend.last_swap_path == "loop" and sim.calls["hipMemcpyAsync"] == 8
 
 
@@ -167,7 +180,8 @@ def test_a_rejected_batch_reaches_no_runtime_call():
     device = device_cache(backend, sim, 4)
     with pytest.raises(InvalidDescriptorError, match="swap descriptor 1: destination range"):
         backend.swap_blocks_batch(
-            torch.tensor([device.data_ptr(), device.data_ptr() + BLOCK]), torch.tensor([device.data_ptr() + 2 * BLOCK, 0x20]),
+            torch.tensor([device.data_ptr(), device.data_ptr() + BLOCK]),
+            torch.tensor([device.data_ptr() + 2 * BLOCK, 0x20]),
             torch.tensor([8, 8]),
         )
     assert sim.calls["hipMemcpyBatchAsync"] == sim.calls["hipMemcpyAsync"] == 0
@@ -299,8 +313,16 @@ def test_pinning_while_capturing_is_refused_before_any_runtime_call():
 @pytest.mark.parametrize(
     "arch,fmt,message",
     [
-        ("gfx942:sramecc+:xnack-", "fp8_e4m3fn", r"gfx942 .* stores fp8 KV as 'fp8_e4m3fnuz' .*'fp8_e4m3fn' \(max 448\) would be misread"),
-        ("gfx950", "fp8_e4m3fnuz", r"gfx950 .* stores fp8 KV as 'fp8_e4m3fn' .*'fp8_e4m3fnuz' \(max 224\) would be misread"),
+        (
+            "gfx942:sramecc+:xnack-",
+            "fp8_e4m3fn",
+            r"gfx942 .* stores fp8 KV as 'fp8_e4m3fnuz' .*'fp8_e4m3fn' \(max 448\) would be misread",
+        ),
+        (
+            "gfx950",
+            "fp8_e4m3fnuz",
+            r"gfx950 .* stores fp8 KV as 'fp8_e4m3fn' .*'fp8_e4m3fnuz' \(max 224\) would be misread",
+        ),
         ("gfx90a", "fp8_e4m3fnuz", r"gfx90a \(Instinct MI200 \(CDNA2\)\) has no fp8 KV format here; use 'bf16'"),
         ("gfx1201", "fp8_e4m3fn", r"gfx1201 is not in the ROCm architecture table"),
         ("gfx950", "fp8_ds_mla", r"fp8_ds_mla is the CUDA 656-byte MLA row format"),
@@ -313,7 +335,9 @@ def test_kv_config_with_a_format_the_architecture_cannot_hold_is_refused_with_th
         backend.validate_kv_cache_config(cache_config(4, fmt, row_width))
 
 
-@pytest.mark.parametrize("arch,fmt", [("gfx942:sramecc+:xnack-", "fp8_e4m3fnuz"), ("gfx950", "fp8_e4m3fn"), ("gfx90a", "bf16")])
+@pytest.mark.parametrize(
+    "arch,fmt", [("gfx942:sramecc+:xnack-", "fp8_e4m3fnuz"), ("gfx950", "fp8_e4m3fn"), ("gfx90a", "bf16")]
+)
 def test_kv_views_of_the_architectures_format_share_storage(arch, fmt):
     sim = SimulatedHipRuntime("7.14")
     backend = simulated_rocm_backend(sim, arch)
@@ -333,7 +357,11 @@ def test_kv_config_that_is_malformed_gets_the_core_error_unchanged():
 # ----------------------------------------------------------------------------------------- capture
 def test_capture_before_rocm_7_2_1_is_refused_with_the_reason():
     backend = simulated_rocm_backend(SimulatedHipRuntime("7.2.0"))
-    with pytest.raises(UnsupportedCapabilityError, match=r"capture\(\) \(capability graph_capture is False: HIP 7\.2\.53210: graph capture needs ROCm 7\.2\.1 .*SGLang #23580"):
+    with pytest.raises(
+        UnsupportedCapabilityError,
+        match=r"capture\(\) \(capability graph_capture is False: HIP 7\.2\.53210: "
+        r"graph capture needs ROCm 7\.2\.1 .*SGLang #23580",
+    ):
         backend.capture()
 
 
@@ -368,7 +396,10 @@ def test_ipc_event_on_rocm_7_2_refuses_the_33rd_record_before_the_ring_breaks(si
     assert isinstance(event, CycleLimitedIpcEvent)
     for _ in range(32):
         event.record()
-    with pytest.raises(UnsupportedCapabilityError, match=r"IPC event record 33 refused: HIP 7\.2\.53211 .*local event plus a host barrier"):
+    with pytest.raises(
+        UnsupportedCapabilityError,
+        match=r"IPC event record 33 refused: HIP 7\.2\.53211 .*local event plus a host barrier",
+    ):
         event.record()
     assert simulated_events.records == 32 and not simulated_events.broken
 
@@ -418,7 +449,9 @@ def test_from_probe_plans_for_the_current_gpu_and_records_probe_versions(monkeyp
     sim = SimulatedHipRuntime("7.2.1")
     monkeypatch.setattr(HipRuntime, "load", classmethod(lambda cls, *a, **k: cls(sim)))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(gcnArchName="gfx950:sramecc+:xnack-"))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(gcnArchName="gfx950:sramecc+:xnack-")
+    )
     probe = ProbeResult("rocm", 100, True, "ok", {"rocm_version": "7.2.1", "device_source": "amdsmi"})
     backend = RocmBackend.from_probe(probe)
     assert backend.device == torch.device("cuda", 0)

@@ -45,8 +45,12 @@ TABLE = [
 ]
 
 
-@pytest.mark.parametrize("label,version,batch,attrs,accelerated,max_cycles,shared_pool,capture", TABLE, ids=[t[0] for t in TABLE])
-def test_plan_follows_the_rocm_version_table(label, version, batch, attrs, accelerated, max_cycles, shared_pool, capture):
+@pytest.mark.parametrize(
+    "label,version,batch,attrs,accelerated,max_cycles,shared_pool,capture", TABLE, ids=[t[0] for t in TABLE]
+)
+def test_plan_follows_the_rocm_version_table(
+    label, version, batch, attrs, accelerated, max_cycles, shared_pool, capture
+):
     caps = plan_capabilities(version, GFX942)
     assert caps.batch_copy == batch
     assert caps.copy_attributes is attrs

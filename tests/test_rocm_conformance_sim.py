@@ -22,9 +22,27 @@ def test_conformance_suite_passes_on_the_simulated_hip_runtime(tmp_path, release
            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
     report = tmp_path / "report"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "hisparse_hal.conformance.plugin", "--pyargs", "hisparse_hal.conformance.tests",
-         "--hal-factory", "sim_hip_runtime:conformance_backend", "--hal-report", str(report), "-q", "-p", "no:cacheprovider"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "hisparse_hal.conformance.plugin",
+            "--pyargs",
+            "hisparse_hal.conformance.tests",
+            "--hal-factory",
+            "sim_hip_runtime:conformance_backend",
+            "--hal-report",
+            str(report),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     results = json.loads((report / "results.json").read_text())

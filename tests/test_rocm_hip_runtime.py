@@ -92,7 +92,9 @@ def test_copy_batch_with_attributes_asks_for_stream_ordered_source_reads():
 def test_copy_batch_with_attributes_on_rocm_7_2_fails_with_hip_error_801():
     sim = SimulatedHipRuntime("7.2.3")
     runtime, _device, host, batch, _order = blocks(sim, 3)
-    with pytest.raises(DeviceRuntimeError, match=r"hipMemcpyBatchAsync failed with hipErrorNotSupported \(801\)") as info:
+    with pytest.raises(
+        DeviceRuntimeError, match=r"hipMemcpyBatchAsync failed with hipErrorNotSupported \(801\)"
+    ) as info:
         runtime.copy_batch(batch, STREAM, use_attributes=True)
     assert info.value.index is None
     sim.synchronize()
@@ -103,7 +105,9 @@ def test_copy_batch_names_the_failing_descriptor_the_runtime_reports():
     sim = SimulatedHipRuntime("7.14")
     runtime, device, host, batch, _order = blocks(sim, 6)
     runtime.unregister_host(host.data_ptr())  # the runtime no longer knows the destination
-    with pytest.raises(DeviceRuntimeError, match=r"hipErrorInvalidValue \(1\) at descriptor 0: 6 copies on stream 0x7000") as info:
+    with pytest.raises(
+        DeviceRuntimeError, match=r"hipErrorInvalidValue \(1\) at descriptor 0: 6 copies on stream 0x7000"
+    ) as info:
         runtime.copy_batch(batch, STREAM, use_attributes=False)
     assert (info.value.call, info.value.code, info.value.index) == ("hipMemcpyBatchAsync", 1, 0)
 
@@ -131,7 +135,9 @@ def test_copy_batch_leaves_zero_byte_descriptors_out_and_numbers_errors_as_given
 def test_copy_batch_of_only_zero_byte_descriptors_makes_no_call():
     sim = SimulatedHipRuntime("7.14")
     runtime, _device, _host, batch, _order = blocks(sim, 3)
-    empty = batch.__class__(batch.src, batch.dst, torch.zeros(3, dtype=torch.int64), batch.src_region, batch.dst_region, batch.regions)
+    empty = batch.__class__(
+        batch.src, batch.dst, torch.zeros(3, dtype=torch.int64), batch.src_region, batch.dst_region, batch.regions
+    )
     runtime.copy_batch(empty, STREAM, use_attributes=False)
     runtime.copy_each(empty, STREAM)
     assert sim.calls["hipMemcpyBatchAsync"] == sim.calls["hipMemcpyAsync"] == 0
@@ -164,9 +170,13 @@ def test_copy_each_issues_one_async_copy_per_descriptor():
 def test_copy_each_names_the_failing_descriptor_and_what_was_enqueued():
     sim = SimulatedHipRuntime("7.0")
     runtime, _device, host, batch, _order = blocks(sim, 4)
-    bad = batch.__class__(batch.src.clone(), batch.dst.clone(), batch.sizes, batch.src_region, batch.dst_region, batch.regions)
+    bad = batch.__class__(
+        batch.src.clone(), batch.dst.clone(), batch.sizes, batch.src_region, batch.dst_region, batch.regions
+    )
     bad.src[2] = 0x10  # no memory the simulated runtime knows
-    with pytest.raises(DeviceRuntimeError, match="hipMemcpyAsync failed with hipErrorInvalidValue .1. at descriptor 2") as info:
+    with pytest.raises(
+        DeviceRuntimeError, match="hipMemcpyAsync failed with hipErrorInvalidValue .1. at descriptor 2"
+    ) as info:
         runtime.copy_each(bad, STREAM)
     assert "descriptors before 2 were already enqueued" in str(info.value)
     assert sim.calls["hipMemcpyAsync"] == 3
@@ -195,14 +205,18 @@ def test_register_host_releases_the_range_when_the_alias_query_fails():
     sim = SimulatedHipRuntime("7.2.1", fail_device_pointer_on_call=1)
     runtime = sim.runtime()
     host = torch.zeros(64, dtype=torch.uint8)
-    with pytest.raises(DeviceRuntimeError, match="hipHostGetDevicePointer failed with hipErrorInvalidValue .*registration released"):
+    with pytest.raises(
+        DeviceRuntimeError, match="hipHostGetDevicePointer failed with hipErrorInvalidValue .*registration released"
+    ):
         runtime.register_host(host.data_ptr(), 64)
     assert sim.registrations == {}
 
 
 def test_unregister_of_an_unknown_range_raises_with_the_hip_name():
     runtime = SimulatedHipRuntime("7.2.1").runtime()
-    with pytest.raises(DeviceRuntimeError, match=r"hipHostUnregister failed with hipErrorHostMemoryNotRegistered \(713\)") as info:
+    with pytest.raises(
+        DeviceRuntimeError, match=r"hipHostUnregister failed with hipErrorHostMemoryNotRegistered \(713\)"
+    ) as info:
         runtime.unregister_host(0x1234000)
     assert runtime.is_context_lost(info.value) is False
 
@@ -229,7 +243,9 @@ class _Library:
 
 
 def test_a_library_missing_required_symbols_is_not_a_hip_runtime():
-    with pytest.raises(BackendUnavailableError, match=r"does not export \['hipHostRegister', 'hipHostGetDevicePointer'\]"):
+    with pytest.raises(
+        BackendUnavailableError, match=r"does not export \['hipHostRegister', 'hipHostGetDevicePointer'\]"
+    ):
         HipRuntime(_Library(missing={"hipHostRegister", "hipHostGetDevicePointer"}))
 
 

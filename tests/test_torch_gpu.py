@@ -76,7 +76,9 @@ class RecordingRuntime:
 
 
 def caps(batch_copy: Literal["native", "loop"] = "native", cap: int | None = 4, ipc: bool = True) -> Capabilities:
-    return Capabilities(batch_copy, cap, ipc, None, True, True, False, frozenset({"bf16"}), copy_attributes=batch_copy == "native")
+    return Capabilities(
+        batch_copy, cap, ipc, None, True, True, False, frozenset({"bf16"}), copy_attributes=batch_copy == "native"
+    )
 
 
 class Backend(TorchGpuBackend):
@@ -91,7 +93,9 @@ class Backend(TorchGpuBackend):
         return self.capturing
 
 
-def setup(runtime: RecordingRuntime, capabilities: Capabilities | None = None) -> tuple[Backend, torch.Tensor, torch.Tensor]:
+def setup(
+    runtime: RecordingRuntime, capabilities: Capabilities | None = None
+) -> tuple[Backend, torch.Tensor, torch.Tensor]:
     backend = Backend(capabilities or caps(), runtime, 0, device=torch.device("cpu"))
     device = torch.arange(40 * 16, dtype=torch.int32).view(torch.uint8)[: 10 * 256].clone()
     host = torch.zeros(10, 256, dtype=torch.uint8)
@@ -102,7 +106,11 @@ def setup(runtime: RecordingRuntime, capabilities: Capabilities | None = None) -
 
 def spill(device: torch.Tensor, host: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     idx = torch.arange(n, dtype=torch.int64)
-    return device.data_ptr() + idx * 256, host.data_ptr() + (n - 1 - idx) * 256, torch.full((n,), 256, dtype=torch.int64)
+    return (
+        device.data_ptr() + idx * 256,
+        host.data_ptr() + (n - 1 - idx) * 256,
+        torch.full((n,), 256, dtype=torch.int64),
+    )
 
 
 def test_cuda_driver_satisfies_the_copy_runtime_protocol() -> None:
@@ -122,7 +130,11 @@ def test_native_swap_is_chunked_at_the_cap_with_attributes() -> None:
     runtime = RecordingRuntime()
     backend, device, host = setup(runtime)
     backend.swap_blocks_batch(*spill(device, host, 10))
-    assert [c for c in runtime.calls if c[0] == "batch"] == [("batch", (4, 0x10, True)), ("batch", (4, 0x10, True)), ("batch", (2, 0x10, True))]
+    assert [c for c in runtime.calls if c[0] == "batch"] == [
+        ("batch", (4, 0x10, True)),
+        ("batch", (4, 0x10, True)),
+        ("batch", (2, 0x10, True)),
+    ]
     assert torch.equal(host.flip(0).reshape(-1), device)
 
 
@@ -168,9 +180,18 @@ def test_chunk_error_index_is_rebased_onto_the_whole_swap() -> None:
         original(batch, stream, use_attributes=use_attributes)
 
     runtime.copy_batch = fail_in_second_chunk  # type: ignore[method-assign]
-    with pytest.raises(DeviceRuntimeError, match=r"vendorBatchCopy failed with ERROR_INVALID_VALUE \(1\) at descriptor 5: simulated; descriptors before 4 were already enqueued") as info:
+    with pytest.raises(
+        DeviceRuntimeError,
+        match=r"vendorBatchCopy failed with ERROR_INVALID_VALUE \(1\) at descriptor 5: simulated; "
+        r"descriptors before 4 were already enqueued",
+    ) as info:
         backend.swap_blocks_batch(*spill(device, host, 10))
-    assert (info.value.index, info.value.code, info.value.error_name, info.value.call) == (5, 1, "ERROR_INVALID_VALUE", "vendorBatchCopy")
+    assert (info.value.index, info.value.code, info.value.error_name, info.value.call) == (
+        5,
+        1,
+        "ERROR_INVALID_VALUE",
+        "vendorBatchCopy",
+    )
 
 
 def test_first_chunk_error_keeps_its_index_and_detail() -> None:
@@ -191,7 +212,9 @@ def test_unpin_tolerates_a_lost_context_only(caplog: pytest.LogCaptureFixture) -
 
 def test_ipc_members_need_the_capability() -> None:
     backend = TorchGpuBackend(caps(ipc=False), RecordingRuntime(), 0, device=torch.device("cpu"))
-    with pytest.raises(UnsupportedCapabilityError, match=r"does not implement create_ipc_event \(this device has no IPC events\)"):
+    with pytest.raises(
+        UnsupportedCapabilityError, match=r"does not implement create_ipc_event \(this device has no IPC events\)"
+    ):
         backend.create_ipc_event()
     with pytest.raises(UnsupportedCapabilityError, match="import_event"):
         backend.import_event(0, b"")
@@ -206,14 +229,21 @@ def test_event_handle_round_trips_and_pickles() -> None:
 
 
 def test_event_handle_from_another_process_is_not_same_process(tmp_path: Any) -> None:
-    code = "import sys; from hisparse_hal.vendors.torch_gpu import encode_event_handle; sys.stdout.buffer.write(encode_event_handle(1, bytes(64)))"
-    data = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, check=True, timeout=120).stdout
+    code = (
+        "import sys; from hisparse_hal.vendors.torch_gpu import encode_event_handle; "
+        "sys.stdout.buffer.write(encode_event_handle(1, bytes(64)))"
+    )
+    data = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, check=True, timeout=120
+    ).stdout
     assert decode_event_handle(data) == (False, 1, bytes(64))
 
 
 def test_import_in_the_exporting_process_is_rejected_as_cuda_and_hip_do() -> None:
     backend = TorchGpuBackend(caps(), RecordingRuntime(), 0, device=torch.device("cpu"))
-    with pytest.raises(InvalidArgumentError, match="exported by this same process; CUDA and HIP refuse .*ROCm hip #2882"):
+    with pytest.raises(
+        InvalidArgumentError, match="exported by this same process; CUDA and HIP refuse .*ROCm hip #2882"
+    ):
         backend.import_event(torch.device("cuda", 0), encode_event_handle(0, bytes(64)))
 
 
@@ -305,5 +335,9 @@ def test_capture_is_refused_by_capability_before_touching_the_device():
     no_capture = Capabilities("native", 4, True, None, True, False, False, frozenset({"bf16"}),
                               notes=("runtime 1.0: graph capture needs 1.1 (example #1)",))
     backend = Backend(no_capture, RecordingRuntime(), 0, device=torch.device("cpu"))
-    with pytest.raises(UnsupportedCapabilityError, match=r"capture\(\) \(capability graph_capture is False: runtime 1\.0: graph capture needs 1\.1 \(example #1\)\)"):
+    with pytest.raises(
+        UnsupportedCapabilityError,
+        match=r"capture\(\) \(capability graph_capture is False: runtime 1\.0: "
+        r"graph capture needs 1\.1 \(example #1\)\)",
+    ):
         backend.capture()

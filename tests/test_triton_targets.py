@@ -19,7 +19,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # as the interpreter tests set i
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-triton = pytest.importorskip("triton", reason="compiling the Triton kernels needs triton (pip install 'hisparse-hal[triton]')")
+triton = pytest.importorskip(
+    "triton", reason="compiling the Triton kernels needs triton (pip install 'hisparse-hal[triton]')"
+)
 
 from hisparse_hal import cli  # noqa: E402
 from hisparse_hal.cache_ops import kernel_report, kernel_specs, triton_impl  # noqa: E402

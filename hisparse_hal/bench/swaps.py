@@ -20,7 +20,15 @@ from ..gather import reference_gather_rows
 from .table import Column, format_table
 from .timing import sync, time_runs
 
-__all__ = ["SwapFigure", "GatherFigure", "bench_swaps", "bench_gathers", "side_stream", "print_figures", "figures_as_json"]
+__all__ = [
+    "SwapFigure",
+    "GatherFigure",
+    "bench_swaps",
+    "bench_gathers",
+    "side_stream",
+    "print_figures",
+    "figures_as_json",
+]
 
 SWAP_BLOCK_BYTES = (656, 4096, 65536, 1 << 20)
 GATHER_ROWS = (2048, 16384, 131072)
@@ -78,7 +86,9 @@ class GatherFigure:
         return self.ours_gbps / self.reference_gbps
 
 
-def _loop_alternative(backend: HiSparseBackend, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> tuple[Callable[[], None], str]:
+def _loop_alternative(
+    backend: HiSparseBackend, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor
+) -> tuple[Callable[[], None], str]:
     """The plain per-copy alternative: the backend's own loop mode where it has one (GPU runtimes),
     else a Python loop of memmoves (host memory)."""
     if hasattr(backend, "batch_copy_mode") and backend.device.type != "cpu":
@@ -114,7 +124,9 @@ def bench_swaps(backend: HiSparseBackend, total_bytes: int, repeats: int) -> lis
             src = source.data_ptr() + torch.arange(count, dtype=torch.int64) * block
             dst = host.data_ptr() + order.to(torch.int64) * block
             sizes = torch.full((count,), block, dtype=torch.int64)
-            ours = _median_seconds(functools.partial(backend.swap_blocks_batch, src, dst, sizes), backend.device, repeats)
+            ours = _median_seconds(
+                functools.partial(backend.swap_blocks_batch, src, dst, sizes), backend.device, repeats
+            )
             loop_fn, loop_kind = _loop_alternative(backend, src, dst, sizes)
             loop = _median_seconds(loop_fn, backend.device, repeats)
             one = _median_seconds(functools.partial(host.copy_, source, non_blocking=True), backend.device, repeats)
@@ -140,7 +152,9 @@ def bench_gathers(backend: HiSparseBackend, repeats: int) -> list[GatherFigure]:
     block_size = 64
     for rows in GATHER_ROWS:
         num_blocks = 2 * rows // block_size
-        source = torch.randint(0, 256, (num_blocks, block_size, DS_MLA_ROW), dtype=torch.uint8, generator=generator).to(backend.device)
+        source = torch.randint(0, 256, (num_blocks, block_size, DS_MLA_ROW), dtype=torch.uint8, generator=generator).to(
+            backend.device
+        )
         ids = torch.randperm(num_blocks * block_size, generator=generator)[:rows].to(backend.device)
         ids[::97] = -1
         ours_out = torch.empty(rows, DS_MLA_ROW, dtype=torch.uint8, device=backend.device)

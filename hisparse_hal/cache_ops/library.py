@@ -1,8 +1,8 @@
 """The four cache ops as torch custom ops, ``torch.ops.hisparse_hal.*``, with vLLM 0.33.0's schemas.
 
 Invariant: each op is defined once per process (importing again is a no-op); a call runs the implementation
-``implementation_for`` picks for its tensors' device (``host_impl`` on CPU, Triton or torch on CUDA/HIP); the fake kernels write nothing, so
-fake-tensor tracing and ``torch.compile`` see only the mutations the schemas declare.
+``implementation_for`` picks for its tensors' device (``host_impl`` on CPU, Triton or torch on CUDA/HIP); the
+fake kernels write nothing, so fake-tensor tracing and ``torch.compile`` see only the mutations the schemas declare.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def implementation_for(device: torch.device) -> ModuleType:
     """The module whose four functions run the ops for tensors on ``device``.
 
     What ``selection.choose_cache_ops`` picks: ``host_impl`` on CPU unless overridden, Triton or torch on a
-    GPU device (CUDA, or HIP, which torch also calls ``cuda``). Cached per device: the choice depends on the device, the installed
-    packages and ``HISPARSE_HAL_CACHE_OPS``, never on tensor values (``implementation_for.cache_clear()``
+    GPU device (CUDA, or HIP, which torch also calls ``cuda``). Cached per device: the choice depends on the
+    device, the installed packages and ``HISPARSE_HAL_CACHE_OPS``, never on tensor values (``implementation_for.cache_clear()``
     after changing the variable).
 
     Args:

@@ -116,7 +116,9 @@ def first_difference(actual: torch.Tensor, expected: torch.Tensor) -> int | None
     return int(diff[0]) if diff.numel() else None
 
 
-def allocate_guarded(size: int, device: torch.device, label: str, *, align: int = 1, pad: int = CANARY_BYTES) -> GuardedBytes:
+def allocate_guarded(
+    size: int, device: torch.device, label: str, *, align: int = 1, pad: int = CANARY_BYTES
+) -> GuardedBytes:
     """A new guarded range of ``size`` bytes on ``device`` whose first byte is ``align``-aligned."""
     storage = torch.empty(pad + size + pad + align, dtype=torch.uint8, device=device)
     start = pad + (-(storage.data_ptr() + pad)) % align
@@ -124,7 +126,9 @@ def allocate_guarded(size: int, device: torch.device, label: str, *, align: int 
 
 
 @contextlib.contextmanager
-def pinned_host_pool(backend: HiSparseBackend, size: int, *, block_bytes: int | None = None, label: str = "host pool") -> Iterator[GuardedBytes]:
+def pinned_host_pool(
+    backend: HiSparseBackend, size: int, *, block_bytes: int | None = None, label: str = "host pool"
+) -> Iterator[GuardedBytes]:
     """A page-aligned host range pinned with ``backend.pin_tensor`` (as ``[n, block_bytes]`` when given).
 
     Unpins on exit and checks the canaries.
@@ -180,7 +184,9 @@ def park_cache_regions(backend: HiSparseBackend) -> None:
 
 
 @contextlib.contextmanager
-def device_caches(backend: HiSparseBackend, count: int, size: int, label: str = "device cache") -> Iterator[list[GuardedBytes]]:
+def device_caches(
+    backend: HiSparseBackend, count: int, size: int, label: str = "device cache"
+) -> Iterator[list[GuardedBytes]]:
     """``count`` guarded ranges of at least ``size`` bytes on ``backend.device``, made swap regions the
     way an engine does it: as layers handed to ``prepare_kv_cache_views`` (or, for a backend that
     declares no KV format, through ``register_region``). Released on exit; canaries checked."""
@@ -215,7 +221,9 @@ def device_caches(backend: HiSparseBackend, count: int, size: int, label: str = 
         arena.assert_canaries_intact()
 
 
-def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, what: str, ranges: Sequence[tuple[int, int, int]] = ()) -> str:
+def describe_mismatch(
+    actual: torch.Tensor, expected: torch.Tensor, what: str, ranges: Sequence[tuple[int, int, int]] = ()
+) -> str:
     """A message naming the first differing byte, how many differ, and the descriptor covering it.
 
     ``ranges`` holds ``(descriptor index, offset, size)`` of the copies that wrote into this range.
@@ -224,7 +232,9 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, what: str, r
     if first is None:
         return f"{what}: equal"
     count = int((actual != expected).sum())
-    owner = next((f"descriptor {i} (bytes [{o}, {o + s}))" for i, o, s in ranges if o <= first < o + s), "no descriptor")
+    owner = next(
+        (f"descriptor {i} (bytes [{o}, {o + s}))" for i, o, s in ranges if o <= first < o + s), "no descriptor"
+    )
     return (
         f"{what}: {count} of {actual.numel()} bytes differ; first at offset {first} "
         f"(got {int(actual[first])}, expected {int(expected[first])}), inside {owner}"

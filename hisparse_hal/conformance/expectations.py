@@ -120,7 +120,9 @@ def load_expectations(path: str | Path) -> Expectations:
         )
     raw = data.get("expectations", [])
     if not isinstance(raw, list):
-        raise InvalidArgumentError(f"expectations file {path}: 'expectations' must be an array of tables ([[expectations]])")
+        raise InvalidArgumentError(
+            f"expectations file {path}: 'expectations' must be an array of tables ([[expectations]])"
+        )
     entries = [_entry(item, n, path) for n, item in enumerate(raw, start=1)]
     return Expectations(tuple(entries), str(path))
 
@@ -131,7 +133,9 @@ def _entry(item: object, n: int, path: Path) -> Expectation:
         raise InvalidArgumentError(f"{where}: must be a table, got {type(item).__name__}")
     unknown = set(item) - _KEYS
     if "archs" in unknown:
-        raise InvalidArgumentError(f"{where}: unknown key 'archs'; the list of architectures is spelled 'architectures'")
+        raise InvalidArgumentError(
+            f"{where}: unknown key 'archs'; the list of architectures is spelled 'architectures'"
+        )
     if unknown:
         raise InvalidArgumentError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_KEYS)}")
     test_id = item.get("id")

@@ -63,7 +63,9 @@ class ConformanceState:
             earlier = json.loads(Path(resume).read_text(encoding="utf-8"))
             self.collector.restore(earlier["tests"])
             self.resumed = {t["id"] for t in earlier["tests"]}
-            self.probe_failures = [t["id"] for t in earlier["tests"] if t["area"] == "probe" and t["outcome"] in ("failed", "xpassed")]
+            self.probe_failures = [
+                t["id"] for t in earlier["tests"] if t["area"] == "probe" and t["outcome"] in ("failed", "xpassed")
+            ]
 
     def _expectations_path(self, given: str | None) -> str | None:
         if given:
@@ -141,23 +143,41 @@ def environment_facts(recipe: BackendRecipe) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ options
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("hisparse-hal", "hisparse-hal conformance")
-    group.addoption("--hal-backend", default=None, metavar="NAME", help="registry name of the backend under test (strict); default: what get_backend() selects")
-    group.addoption("--hal-factory", default=None, metavar="MODULE:CALLABLE", help="build an unregistered backend by calling this")
-    group.addoption("--hal-expectations", default=None, metavar="FILE", help="expectations TOML; default: the vendor's expectations.toml; 'none' for no file")
+    group.addoption(
+        "--hal-backend",
+        default=None,
+        metavar="NAME",
+        help="registry name of the backend under test (strict); default: what get_backend() selects",
+    )
+    group.addoption(
+        "--hal-factory", default=None, metavar="MODULE:CALLABLE", help="build an unregistered backend by calling this"
+    )
+    group.addoption(
+        "--hal-expectations",
+        default=None,
+        metavar="FILE",
+        help="expectations TOML; default: the vendor's expectations.toml; 'none' for no file",
+    )
     group.addoption("--hal-report", default=None, metavar="DIR", help="write results.json and summary.md here")
-    group.addoption("--hal-strict", action="store_true", default=False, help="expectation entries that match no test fail the run")
+    group.addoption(
+        "--hal-strict", action="store_true", default=False, help="expectation entries that match no test fail the run"
+    )
     group.addoption("--hal-resume", default=None, metavar="RESULTS_JSON",
                     help="(used by the runner after a crash) keep these results and run only the tests they lack")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "needs(*capabilities): skip unless each named Capabilities flag is true (the reason names it)")
+    config.addinivalue_line(
+        "markers", "needs(*capabilities): skip unless each named Capabilities flag is true (the reason names it)"
+    )
     try:
         state = ConformanceState(config)
     except HalError as exc:
         raise pytest.UsageError(f"hisparse-hal conformance: {exc}") from exc
     except Exception as exc:  # a factory that raised while building the backend
-        raise pytest.UsageError(f"hisparse-hal conformance: building the backend failed: {type(exc).__name__}: {exc}") from exc
+        raise pytest.UsageError(
+            f"hisparse-hal conformance: building the backend failed: {type(exc).__name__}: {exc}"
+        ) from exc
     config.stash[STATE_KEY] = state
     config.pluginmanager.register(RunHooks(state), "hisparse-hal-conformance-run")
 
@@ -202,7 +222,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             caps = facts["capabilities"]
             lines.append(f"backend under test: {facts['backend_class']} on {facts['device']}; "
                          f"architectures: {', '.join(facts['architectures']) or 'n/a'}")
-            lines.append("runtime versions: " + (", ".join(f"{k}={v}" for k, v in caps["versions"].items()) or "none reported"))
+            lines.append(
+                "runtime versions: " + (", ".join(f"{k}={v}" for k, v in caps["versions"].items()) or "none reported")
+            )
     return lines
 
 
@@ -229,7 +251,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.add_marker(pytest.mark.xfail(reason=entry.describe(), strict=True))
         else:
             item.add_marker(pytest.mark.skip(reason=entry.describe()))
-    state.unmatched = [f"{e.id} ({e.status}): {e.reason}" for e in expectations.unmatched(suite_test_id(i.nodeid) for i in items)]
+    state.unmatched = [
+        f"{e.id} ({e.status}): {e.reason}" for e in expectations.unmatched(suite_test_id(i.nodeid) for i in items)
+    ]
     for text in state.unmatched:
         warnings.warn(UnmatchedExpectationWarning(f"expectation entry matches no test: {text}"), stacklevel=1)
 
@@ -265,7 +289,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         for capability in mark.args:
             value = getattr(backend.capabilities, capability)
             if not value:
-                pytest.skip(f"{CAPABILITY_SKIP_PREFIX}{capability} is {value!r} on {backend.name!r}; this test needs it")
+                pytest.skip(
+                    f"{CAPABILITY_SKIP_PREFIX}{capability} is {value!r} on {backend.name!r}; this test needs it"
+                )
 
 
 def _write_gate(state: ConformanceState, failed: list[str]) -> None:
@@ -336,7 +362,9 @@ def _document(state: ConformanceState, running: str | None = None) -> dict[str, 
         state.environment = environment_facts(state.recipe)  # probes once, not once per test
     facts = dict(state.environment)
     facts.update(state.backend_facts)
-    facts["architectures"] = sorted(set(facts.get("architectures", [])) | set(backend_architectures({}, facts.get("probe", {}))))
+    facts["architectures"] = sorted(
+        set(facts.get("architectures", [])) | set(backend_architectures({}, facts.get("probe", {})))
+    )
     facts["duration_s"] = round(time.time() - state.started, 2)
     backend = state.recipe.registry_name or str(state.recipe.factory)
     return build_results(
@@ -378,4 +406,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for text in state.unmatched:
             terminalreporter.write_line(f"{verb}: expectation entry matches no test: {text}")
     if state.report_dir:
-        terminalreporter.write_line(f"report: {Path(state.report_dir) / 'results.json'}, {Path(state.report_dir) / 'summary.md'}")
+        terminalreporter.write_line(
+            f"report: {Path(state.report_dir) / 'results.json'}, {Path(state.report_dir) / 'summary.md'}"
+        )

@@ -65,7 +65,13 @@ class TestResult:
 
     def as_dict(self) -> dict[str, Any]:
         """The ``tests[]`` entry of ``results.json``."""
-        return {"id": self.id, "area": self.area, "outcome": self.outcome, "duration": round(self.duration, 4), "reason": self.reason}
+        return {
+            "id": self.id,
+            "area": self.area,
+            "outcome": self.outcome,
+            "duration": round(self.duration, 4),
+            "reason": self.reason,
+        }
 
 
 def _reason_of(report: Any) -> str:
@@ -101,7 +107,10 @@ class ResultCollector:
         if report.failed:
             longrepr = str(report.longrepr or "")
             if when == "call" and "[XPASS(strict)]" in longrepr:
-                result.outcome, result.reason = "xpassed", "unexpected pass of an expected failure: " + longrepr.replace("[XPASS(strict)]", "").strip()
+                result.outcome, result.reason = (
+                    "xpassed",
+                    "unexpected pass of an expected failure: " + longrepr.replace("[XPASS(strict)]", "").strip(),
+                )
             elif result.outcome not in FAILING:
                 phase = "" if when == "call" else f"error in {when}: "
                 result.outcome, result.reason = "failed", phase + _reason_of(report)
@@ -128,7 +137,11 @@ class ResultCollector:
 
 
 def build_results(
-    suite_version: str, backend: str, facts: Mapping[str, Any], tests: Iterable[TestResult], extra: Mapping[str, Any] | None = None
+    suite_version: str,
+    backend: str,
+    facts: Mapping[str, Any],
+    tests: Iterable[TestResult],
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``results.json`` document."""
     tests = list(tests)
@@ -186,7 +199,8 @@ def render_summary(doc: Mapping[str, Any]) -> str:
         )
     s = doc["summary"]
     lines.append(
-        f"| **Total** | **{overall}** | {s['passed']} | {s['failed']} | {s['skipped']} | {s['xfailed']} | {s['xpassed']} |"
+        f"| **Total** | **{overall}** | {s['passed']} | {s['failed']} | {s['skipped']} | {s['xfailed']} "
+        f"| {s['xpassed']} |"
     )
     for title, outcomes in (("Failures", FAILING), ("Expected failures", ("xfailed",)), ("Skipped", ("skipped",))):
         chosen = [t for t in tests if t["outcome"] in outcomes]

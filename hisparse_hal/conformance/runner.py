@@ -48,11 +48,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", metavar="FILE", default=None,
                         help="also write JUnit XML, one test case per conformance test (for CI test reports)")
     parser.add_argument("--strict", action="store_true", help="expectation entries that match no test fail the run")
-    parser.add_argument("-k", dest="keyword", metavar="EXPR", default=None, help="only tests matching this pytest -k expression")
-    parser.add_argument("-n", dest="numprocesses", metavar="N", default=None, help="run in N processes (pytest-xdist; 'auto' for one per core)")
+    parser.add_argument(
+        "-k", dest="keyword", metavar="EXPR", default=None, help="only tests matching this pytest -k expression"
+    )
+    parser.add_argument(
+        "-n",
+        dest="numprocesses",
+        metavar="N",
+        default=None,
+        help="run in N processes (pytest-xdist; 'auto' for one per core)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                         help="per-test time limit when pytest-timeout is installed (default 600)")
-    parser.add_argument("--pytest-args", default="", metavar="ARGS", help="further pytest arguments, as one quoted string")
+    parser.add_argument(
+        "--pytest-args", default="", metavar="ARGS", help="further pytest arguments, as one quoted string"
+    )
 
 
 def _default_expectations(recipe: BackendRecipe) -> str | None:
@@ -141,7 +151,9 @@ def _run_until_done(argv: list[str], directory: Path) -> int:
     resume: list[str] = []
     while True:
         # The child imports the package this process imported, never a source folder in the working directory.
-        code = subprocess.run(python_command(module="pytest", args=[*argv, *resume]), env=python_environment()).returncode
+        code = subprocess.run(
+            python_command(module="pytest", args=[*argv, *resume]), env=python_environment()
+        ).returncode
         if code >= 0:
             break
         test = complete_crashed_report(directory, code)
@@ -155,7 +167,10 @@ def _run_until_done(argv: list[str], directory: Path) -> int:
               "recorded as failed, resuming with the tests not yet run", file=sys.stderr)
         resume = ["--hal-resume", str(directory / "results.json")]
     if crashed:
-        print(f"hisparse-hal conformance: {len(crashed)} test(s) crashed the process: {', '.join(crashed)}", file=sys.stderr)
+        print(
+            f"hisparse-hal conformance: {len(crashed)} test(s) crashed the process: {', '.join(crashed)}",
+            file=sys.stderr,
+        )
         return code if code not in (0, 5) else 1
     return code
 

@@ -27,12 +27,23 @@ class SwapPlan:
     def __init__(self) -> None:
         self._groups: list[tuple[GuardedBytes, torch.Tensor, GuardedBytes, torch.Tensor, torch.Tensor]] = []
 
-    def add_many(self, src: GuardedBytes, src_offsets: torch.Tensor, dst: GuardedBytes, dst_offsets: torch.Tensor, sizes: torch.Tensor) -> None:
+    def add_many(
+        self,
+        src: GuardedBytes,
+        src_offsets: torch.Tensor,
+        dst: GuardedBytes,
+        dst_offsets: torch.Tensor,
+        sizes: torch.Tensor,
+    ) -> None:
         """Append copies ``src[src_offsets[i]:+sizes[i]] -> dst[dst_offsets[i]:+sizes[i]]``."""
-        src_offsets, dst_offsets, sizes = (torch.as_tensor(t, dtype=torch.int64).reshape(-1) for t in (src_offsets, dst_offsets, sizes))
+        src_offsets, dst_offsets, sizes = (
+            torch.as_tensor(t, dtype=torch.int64).reshape(-1) for t in (src_offsets, dst_offsets, sizes)
+        )
         if not (src_offsets.numel() == dst_offsets.numel() == sizes.numel()):
             raise ValueError("offsets and sizes must have equal lengths")
-        if sizes.numel() and (int((src_offsets + sizes).max()) > src.size or int((dst_offsets + sizes).max()) > dst.size):
+        if sizes.numel() and (
+            int((src_offsets + sizes).max()) > src.size or int((dst_offsets + sizes).max()) > dst.size
+        ):
             raise ValueError("a planned copy runs outside its guarded range (suite bug)")
         self._groups.append((src, src_offsets, dst, dst_offsets, sizes))
 
@@ -74,7 +85,9 @@ class SwapPlan:
             if total <= _BYTE_INDEX_LIMIT and sizes.numel() > _LOOP_COUNT:
                 starts = torch.cumsum(sizes, 0) - sizes
                 within = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(starts, sizes)
-                target[torch.repeat_interleave(d_off, sizes) + within] = source[torch.repeat_interleave(s_off, sizes) + within]
+                target[torch.repeat_interleave(d_off, sizes) + within] = source[
+                    torch.repeat_interleave(s_off, sizes) + within
+                ]
             else:
                 for so, do, n in zip(s_off.tolist(), d_off.tolist(), sizes.tolist(), strict=True):
                     target[do : do + n] = source[so : so + n]
@@ -85,7 +98,9 @@ class SwapPlan:
         index = 0
         for _, _, dst, d_off, sizes in self._groups:
             if dst is arena and d_off.numel() <= 100_000:
-                out.extend((index + i, o, s) for i, (o, s) in enumerate(zip(d_off.tolist(), sizes.tolist(), strict=True)))
+                out.extend(
+                    (index + i, o, s) for i, (o, s) in enumerate(zip(d_off.tolist(), sizes.tolist(), strict=True))
+                )
             index += int(sizes.numel())
         return out
 
@@ -104,6 +119,7 @@ class SwapPlan:
             actual = arena.read()
             if not torch.equal(actual, before[id(arena)]):
                 raise AssertionError(
-                    "a rejected batch must copy nothing, but " + describe_mismatch(actual, before[id(arena)], arena.label, self._ranges_into(arena))
+                    "a rejected batch must copy nothing, but "
+                    + describe_mismatch(actual, before[id(arena)], arena.label, self._ranges_into(arena))
                 )
             arena.assert_canaries_intact()

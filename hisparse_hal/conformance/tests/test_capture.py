@@ -24,7 +24,9 @@ def _pair(memory, backend, size: int, seed: int):
 
 def _plan(src, dst, count: int, block: int) -> SwapPlan:
     plan = SwapPlan()
-    plan.add_many(src, torch.arange(count) * block, dst, torch.arange(count).flip(0) * block, torch.full((count,), block))
+    plan.add_many(
+        src, torch.arange(count) * block, dst, torch.arange(count).flip(0) * block, torch.full((count,), block)
+    )
     return plan
 
 
@@ -152,7 +154,9 @@ def test_captured_swap_and_gather_replay_in_order(backend, memory):
     synchronize(backend.device)
     plan.assert_matches(plan.expected(before))
     swapped = cache.read().view(count, block)
-    assert torch.equal(destination.to("cpu"), swapped[ids.to("cpu").clamp_min(0)]), "the gather did not see the swap replayed before it"
+    assert torch.equal(destination.to("cpu"), swapped[ids.to("cpu").clamp_min(0)]), (
+        "the gather did not see the swap replayed before it"
+    )
 
 
 @needs_capture
@@ -168,12 +172,20 @@ def test_pin_inside_a_capture_raises_capture_misuse_and_the_capture_completes(ba
             backend.pin_tensor(stranger.inner)
         assert backend.is_current_stream_capturing() is True, "a refused operation must not end the capture"
         backend.swap_blocks_batch(*second.descriptors())
-    assert not [r for r in backend.pinned_registrations() if r.address == stranger.address], "the refused pin registered memory"
+    assert not [r for r in backend.pinned_registrations() if r.address == stranger.address], (
+        "the refused pin registered memory"
+    )
     synchronize(backend.device)
     first.assert_unchanged(untouched)
     graph.replay()
     both = SwapPlan()
-    both.add_many(cache, torch.arange(16) * 512, pool, torch.cat([torch.arange(8).flip(0), torch.arange(8, 16)]) * 512, torch.full((16,), 512))
+    both.add_many(
+        cache,
+        torch.arange(16) * 512,
+        pool,
+        torch.cat([torch.arange(8).flip(0), torch.arange(8, 16)]) * 512,
+        torch.full((16,), 512),
+    )
     both.assert_matches(both.expected(untouched))
 
 

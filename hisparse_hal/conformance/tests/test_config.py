@@ -20,7 +20,9 @@ def _width(fmt: str) -> int:
     return DS_MLA_ROW if spec.fixed_row_bytes else 64
 
 
-def _config(fmt: str, layers: tuple[LayerSpec, ...], num_blocks: int = 6, block_size: int = 4, width: int | None = None) -> KVCacheConfig:
+def _config(
+    fmt: str, layers: tuple[LayerSpec, ...], num_blocks: int = 6, block_size: int = 4, width: int | None = None
+) -> KVCacheConfig:
     return KVCacheConfig(fmt, num_blocks, block_size, _width(fmt) if width is None else width, layers)
 
 
@@ -122,12 +124,16 @@ def test_views_share_storage_with_the_caches(backend, capabilities, parked):
         backend.prepare_kv_cache_views(config, kv_caches, {})
         for name, original in (("layer.a", a), ("layer.b", b)):
             view = kv_caches[name]
-            assert view.untyped_storage().data_ptr() == original.untyped_storage().data_ptr(), f"{fmt} view of {name} copied its storage"
+            assert view.untyped_storage().data_ptr() == original.untyped_storage().data_ptr(), (
+                f"{fmt} view of {name} copied its storage"
+            )
             assert view.data_ptr() == original.data_ptr()
             stamp = random_bytes(config.row_bytes, 3).to(backend.device)
             view.view(torch.uint8).reshape(-1)[: config.row_bytes].copy_(stamp)
             synchronize(backend.device)
-            assert torch.equal(original[: config.row_bytes].to("cpu"), stamp.to("cpu")), f"a write through the {fmt} view of {name} is not seen by the cache"
+            assert torch.equal(original[: config.row_bytes].to("cpu"), stamp.to("cpu")), (
+                f"a write through the {fmt} view of {name} is not seen by the cache"
+            )
 
 
 def test_per_layer_offsets_never_alias(backend, capabilities, parked):
@@ -157,7 +163,9 @@ def test_views_become_swap_regions_and_replace_earlier_ones(backend, capabilitie
     backend.prepare_kv_cache_views(config, {"layer.0": first}, {})
     assert _accepts_swaps_at(backend, first.data_ptr()), "a prepared layer must be a swap region"
     assert _accepts_swaps_at(backend, first.data_ptr() + config.layer_bytes - 16)
-    assert not _accepts_swaps_at(backend, first.data_ptr() + config.layer_bytes - 8), "a swap may not run past the layer"
+    assert not _accepts_swaps_at(backend, first.data_ptr() + config.layer_bytes - 8), (
+        "a swap may not run past the layer"
+    )
     second = _allocation(config.layer_bytes, backend.device, 5)
     backend.prepare_kv_cache_views(config, {"layer.0": second}, {})
     assert _accepts_swaps_at(backend, second.data_ptr())
@@ -169,7 +177,9 @@ def test_prepare_leaves_forward_context_untouched(backend, capabilities, parked)
     config = _config(fmt, (LayerSpec("layer.0"),))
     sentinel = object()
     forward_context = {"layer.0": sentinel, "step": 7}
-    backend.prepare_kv_cache_views(config, {"layer.0": _allocation(config.layer_bytes, backend.device)}, forward_context)
+    backend.prepare_kv_cache_views(
+        config, {"layer.0": _allocation(config.layer_bytes, backend.device)}, forward_context
+    )
     assert forward_context == {"layer.0": sentinel, "step": 7}
 
 
@@ -185,7 +195,9 @@ def _bad_layouts(config0: KVCacheConfig):
     }
 
 
-@pytest.mark.parametrize("layout", ["overlapping_offsets", "misaligned_offset", "negative_offset", "past_the_end", "duplicate_names"])
+@pytest.mark.parametrize(
+    "layout", ["overlapping_offsets", "misaligned_offset", "negative_offset", "past_the_end", "duplicate_names"]
+)
 def test_a_bad_layer_layout_is_rejected_and_changes_nothing(backend, capabilities, parked, layout):
     fmt = _supported_format(capabilities)
     config0 = _config(fmt, (LayerSpec("x"),))

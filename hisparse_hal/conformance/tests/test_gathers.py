@@ -171,7 +171,9 @@ def test_gather_from_per_layer_kv_cache_views(backend, capabilities):
         for layer in layers:
             view = kv_caches[layer.name]
             expected = allocation[layer.offset_bytes : layer.offset_bytes + layer_bytes].to("cpu")
-            assert torch.equal(_row_bytes(view.reshape(1, -1))[0], expected), f"view of {layer.name} is not at its offset"
+            assert torch.equal(_row_bytes(view.reshape(1, -1))[0], expected), (
+                f"view of {layer.name} is not at its offset"
+            )
             destination = torch.zeros((5, width), dtype=dtype, device=backend.device)
             _gather_and_check(backend, view, destination, ids)
     finally:
@@ -181,7 +183,14 @@ def test_gather_from_per_layer_kv_cache_views(backend, capabilities):
 # ------------------------------------------------------------------------------------------ dtypes
 @pytest.mark.parametrize(
     "source_dtype,destination_dtype",
-    [(torch.bfloat16, torch.uint8), (torch.uint8, torch.bfloat16), (FP8, torch.uint8), (torch.uint8, FP8), (torch.bfloat16, FP8), (FP8, torch.bfloat16)],
+    [
+        (torch.bfloat16, torch.uint8),
+        (torch.uint8, torch.bfloat16),
+        (FP8, torch.uint8),
+        (torch.uint8, FP8),
+        (torch.bfloat16, FP8),
+        (FP8, torch.bfloat16),
+    ],
     ids=["bf16->uint8", "uint8->bf16", "fp8->uint8", "uint8->fp8", "bf16->fp8", "fp8->bf16"],
 )
 def test_gather_preserves_bytes_when_dtypes_differ(backend, source_dtype, destination_dtype):

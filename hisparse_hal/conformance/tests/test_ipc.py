@@ -37,8 +37,12 @@ def _pool_exchange(recipe, cycles: int, size: int = 8192, delay_first: bool = Fa
     pool = torch.zeros(size, dtype=torch.uint8).share_memory_()
     context = multiprocessing.get_context("spawn")
     producer_end, consumer_end = context.Pipe()
-    producer = Peer(recipe, "pool_producer", name="producer",
-                    params={"peer": producer_end, "pool": pool, "cycles": cycles, "size": size, "delay_first": delay_first})
+    producer = Peer(
+        recipe,
+        "pool_producer",
+        name="producer",
+        params={"peer": producer_end, "pool": pool, "cycles": cycles, "size": size, "delay_first": delay_first},
+    )
     consumer = Peer(recipe, "pool_consumer", name="consumer",
                     params={"peer": consumer_end, "pool": pool, "cycles": cycles, "size": size})
     producer_end.close()
@@ -61,7 +65,9 @@ def test_ipc_handle_round_trips_through_pickle_into_a_spawned_process(backend, b
         event.record()
         importer.send("wait")
         waited = importer.expect("waited")
-        assert waited["raised"] is None, f"wait on an imported, recorded event raised {waited['raised']}: {waited.get('message')}"
+        assert waited["raised"] is None, (
+            f"wait on an imported, recorded event raised {waited['raised']}: {waited.get('message')}"
+        )
         assert waited["query_after"] is True
         # And the other way: an event exported by the spawned process is imported here.
         importer.send("export")
@@ -111,7 +117,9 @@ def _owner_with_pending_record(owner: Peer) -> tuple[bytes, str]:
 
 
 def test_ipc_wait_on_a_pending_record_blocks_until_it_completes_or_times_out(backend_recipe):
-    importer = Peer(backend_recipe, "event_importer", name="importer", env={"HISPARSE_HAL_EVENT_TIMEOUT_S": str(SHORT_WAIT_S)})
+    importer = Peer(
+        backend_recipe, "event_importer", name="importer", env={"HISPARSE_HAL_EVENT_TIMEOUT_S": str(SHORT_WAIT_S)}
+    )
     owner = Peer(backend_recipe, "event_owner", name="exporter")
     with _peers(owner, importer):
         handle, mode = _owner_with_pending_record(owner)
@@ -120,13 +128,23 @@ def test_ipc_wait_on_a_pending_record_blocks_until_it_completes_or_times_out(bac
         importer.send("wait")
         waited = importer.expect("waited", timeout=120)
     if mode == "never":
-        assert waited["raised"] is not None, f"wait() returned after {waited['elapsed']:.3f} s on a record that never completes"
-        assert waited["timeout_error"], f"a timed-out wait must raise EventTimeoutError, got {waited['raised']}: {waited['message']}"
-        assert waited["elapsed"] >= 0.5 * SHORT_WAIT_S, f"wait() gave up after {waited['elapsed']:.3f} s, before its bound"
+        assert waited["raised"] is not None, (
+            f"wait() returned after {waited['elapsed']:.3f} s on a record that never completes"
+        )
+        assert waited["timeout_error"], (
+            f"a timed-out wait must raise EventTimeoutError, got {waited['raised']}: {waited['message']}"
+        )
+        assert waited["elapsed"] >= 0.5 * SHORT_WAIT_S, (
+            f"wait() gave up after {waited['elapsed']:.3f} s, before its bound"
+        )
         assert "time" in waited["message"].lower()
     else:
-        assert waited["raised"] is None, f"wait() on a delayed record raised {waited['raised']}: {waited.get('message')}"
-        assert waited["elapsed"] >= 0.2, f"wait() returned after {waited['elapsed']:.3f} s, before the delayed record completed"
+        assert waited["raised"] is None, (
+            f"wait() on a delayed record raised {waited['raised']}: {waited.get('message')}"
+        )
+        assert waited["elapsed"] >= 0.2, (
+            f"wait() returned after {waited['elapsed']:.3f} s, before the delayed record completed"
+        )
         assert waited["query_after"] is True
 
 
@@ -141,7 +159,11 @@ def test_ipc_wait_on_an_exporter_that_died_ends_with_a_clear_error(backend_recip
         assert owner.process.exitcode is not None
         importer.send("wait")
         waited = importer.expect("waited", timeout=90)
-    assert waited["raised"] is not None, f"wait() returned normally after {waited['elapsed']:.3f} s although the exporter died with its record pending"
-    assert waited["hal_error"], f"the error must be a typed hisparse-hal error, got {waited['raised']}: {waited['message']}"
+    assert waited["raised"] is not None, (
+        f"wait() returned normally after {waited['elapsed']:.3f} s although the exporter died with its record pending"
+    )
+    assert waited["hal_error"], (
+        f"the error must be a typed hisparse-hal error, got {waited['raised']}: {waited['message']}"
+    )
     assert waited["message"].strip()
     assert waited["elapsed"] < 30, f"the wait took {waited['elapsed']:.1f} s to notice the exporter died"

@@ -169,7 +169,9 @@ def test_pin_registers_in_chunks_that_end_on_page_and_block_boundaries(backend, 
         assert len(record.chunks) > 2
         for chunk in record.chunks[:-1]:
             offset = chunk.address + chunk.size - record.address
-            assert offset % PAGE == 0 and offset % block == 0, f"chunk ends at offset {offset}, not on a page and block boundary"
+            assert offset % PAGE == 0 and offset % block == 0, (
+                f"chunk ends at offset {offset}, not on a page and block boundary"
+            )
             assert chunk.size <= 7 * PAGE
     finally:
         backend.unpin_tensor(tensor)
@@ -185,7 +187,9 @@ def test_swaps_reach_every_block_of_a_chunked_pool(backend, memory, monkeypatch)
     cache.fill(random_bytes(cache.size, 2))
     pool.fill(random_bytes(pool.size, 3))
     plan = SwapPlan()
-    plan.add_many(cache, torch.arange(blocks) * block, pool, torch.arange(blocks).flip(0) * block, torch.full((blocks,), block))
+    plan.add_many(
+        cache, torch.arange(blocks) * block, pool, torch.arange(blocks).flip(0) * block, torch.full((blocks,), block)
+    )
     before = plan.snapshot()
     expected = plan.expected(before)
     backend.swap_blocks_batch(*plan.descriptors())

@@ -11,7 +11,9 @@ from hisparse_hal.stats import STATS_MODULUS, read_stats, stats_delta
 
 
 def test_stats_dtype_is_a_64_bit_integer_and_matches_capabilities(backend, capabilities):
-    assert backend.stats_dtype in (torch.uint64, torch.int64), f"stats_dtype {backend.stats_dtype} is not uint64 or int64"
+    assert backend.stats_dtype in (torch.uint64, torch.int64), (
+        f"stats_dtype {backend.stats_dtype} is not uint64 or int64"
+    )
     assert backend.stats_dtype == capabilities.stats_dtype
 
 

@@ -23,16 +23,23 @@ from hisparse_hal.errors import InvalidDescriptorError
 KIB, MIB = 1 << 10, 1 << 20
 DIRECTIONS = ("device_to_host", "host_to_device", "device_to_device", "host_to_host")
 # Derandomized: the same cases on every run and machine, so reports are comparable across a matrix.
-GENERATED = settings(max_examples=25, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+GENERATED = settings(
+    max_examples=25, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 
 
-def _ends(memory: contextlib.ExitStack, backend, direction: str, size: int, seed: int = 0) -> tuple[GuardedBytes, GuardedBytes]:
+def _ends(
+    memory: contextlib.ExitStack, backend, direction: str, size: int, seed: int = 0
+) -> tuple[GuardedBytes, GuardedBytes]:
     """A filled source and destination of at least ``size`` bytes for ``direction``."""
     src_kind, _, dst_kind = direction.partition("_to_")
     devices = []
     if "device" in (src_kind, dst_kind):
         devices = memory.enter_context(device_caches(backend, 2 if src_kind == dst_kind else 1, size))
-    hosts = [memory.enter_context(pinned_host_pool(backend, size, label=f"pinned host pool {i}")) for i in range(2 if src_kind == dst_kind == "host" else (1 if "host" in (src_kind, dst_kind) else 0))]
+    hosts = [
+        memory.enter_context(pinned_host_pool(backend, size, label=f"pinned host pool {i}"))
+        for i in range(2 if src_kind == dst_kind == "host" else (1 if "host" in (src_kind, dst_kind) else 0))
+    ]
     pick = {"device": iter(devices), "host": iter(hosts)}
     src, dst = next(pick[src_kind]), next(pick[dst_kind])
     src.fill(random_bytes(src.size, seed))
@@ -167,7 +174,9 @@ def test_swap_chunks_batches_past_max_batch_descriptors_transparently(backend, m
     cap = capabilities.max_batch_descriptors
     count = 2 * cap + 3 if cap is not None else 60_000
     if count > 400_000:
-        pytest.skip(f"capability max_batch_descriptors={cap} needs a batch of {count} descriptors; the suite stops at 400000")
+        pytest.skip(
+            f"capability max_batch_descriptors={cap} needs a batch of {count} descriptors; the suite stops at 400000"
+        )
     block = 16
     src, dst = _ends(memory, backend, "device_to_host", count * block, seed=17)
     _swap_and_check(backend, _permuted_blocks(src, dst, count, block, seed=17))
@@ -264,7 +273,9 @@ def test_swap_rejects_descriptor_arrays_of_unequal_length(backend, memory):
 def test_swap_rejects_descriptors_of_the_wrong_dtype(backend, memory, dtype):
     _, _, plan = _bad_batch_setup(memory, backend)
     s, d, n = plan.descriptors()
-    _assert_rejected(backend, plan, (s, d.to(dtype), n), index=None, match=rf"'dst'.*int64.*{str(dtype).removeprefix('torch.')}")
+    _assert_rejected(
+        backend, plan, (s, d.to(dtype), n), index=None, match=rf"'dst'.*int64.*{str(dtype).removeprefix('torch.')}"
+    )
 
 
 def test_swap_rejects_descriptors_on_a_non_host_device(backend, memory):
@@ -357,7 +368,13 @@ def test_swap_rejects_a_region_after_it_was_unpinned(backend, memory):
     plan.add_many(cache, torch.tensor([0]), cache, torch.tensor([4096]), torch.tensor([16]))
     s = torch.tensor([cache.address])
     d = torch.tensor([address])
-    _assert_rejected(backend, plan, (s, d, torch.tensor([16])), index=0, match=r"descriptor 0\b.*destination.*not inside any known region")
+    _assert_rejected(
+        backend,
+        plan,
+        (s, d, torch.tensor([16])),
+        index=0,
+        match=r"descriptor 0\b.*destination.*not inside any known region",
+    )
 
 
 # ------------------------------------------------------------------------------------------ generated
@@ -384,7 +401,13 @@ def test_swap_generated_batches_copy_exactly(backend, memory):
         src.fill(random_bytes(src.size, len(sizes) + shift))
         plan = SwapPlan()
         count = len(sizes)
-        plan.add_many(src, torch.arange(count) * slot + shift, dst, torch.tensor(order, dtype=torch.int64) * slot + (95 - shift), torch.tensor(sizes, dtype=torch.int64))
+        plan.add_many(
+            src,
+            torch.arange(count) * slot + shift,
+            dst,
+            torch.tensor(order, dtype=torch.int64) * slot + (95 - shift),
+            torch.tensor(sizes, dtype=torch.int64),
+        )
         _swap_and_check(backend, plan)
 
     check()

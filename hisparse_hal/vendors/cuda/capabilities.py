@@ -69,7 +69,11 @@ def batch_cap_from_env(environ: Mapping[str, str] | None = None) -> int | None:
         InvalidArgumentError: the value is not a positive integer (the message quotes it).
     """
     return positive_setting(
-        BATCH_CAP_ENV, None, lambda text: int(text, 10), "a positive integer number of descriptors per batch call", environ
+        BATCH_CAP_ENV,
+        None,
+        lambda text: int(text, 10),
+        "a positive integer number of descriptors per batch call",
+        environ,
     )
 
 
@@ -110,7 +114,11 @@ def plan_capabilities(
         from_env = batch_cap_from_env()
         cap, cap_source = (from_env, BATCH_CAP_ENV) if from_env is not None else (DEFAULT_MAX_BATCH, "default")
     else:
-        if not isinstance(max_batch_descriptors, int) or isinstance(max_batch_descriptors, bool) or max_batch_descriptors <= 0:
+        if (
+            not isinstance(max_batch_descriptors, int)
+            or isinstance(max_batch_descriptors, bool)
+            or max_batch_descriptors <= 0
+        ):
             raise InvalidArgumentError(
                 f"max_batch_descriptors must be a positive int, got {max_batch_descriptors!r}"
             )

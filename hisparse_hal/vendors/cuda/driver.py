@@ -185,7 +185,9 @@ class CudaDriver:
         self._driver_version: int | None = None
         self._host_pointer_usable: bool | None = None
         # One attribute entry for every copy: read sources in stream order (vLLM #39306).
-        self._attributes = CUmemcpyAttributes(srcAccessOrder=CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, flags=CU_MEMCPY_FLAG_DEFAULT)
+        self._attributes = CUmemcpyAttributes(
+            srcAccessOrder=CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, flags=CU_MEMCPY_FLAG_DEFAULT
+        )
         self._attribute_index = ctypes.c_size_t(0)
 
     # ----------------------------------------------------------------- loading and errors

@@ -54,7 +54,9 @@ def probe() -> Probe:
     try:
         reading = read_nvml(pynvml, visible)
     except pynvml.NVMLError as exc:
-        return Probe(False, f"NVML could not read the GPUs ({type(exc).__name__}: {exc}); is the NVIDIA driver loaded?", facts)
+        return Probe(
+            False, f"NVML could not read the GPUs ({type(exc).__name__}: {exc}); is the NVIDIA driver loaded?", facts
+        )
     facts.update(
         driver_version=reading.cuda_driver_version,
         driver=format_driver_version(reading.cuda_driver_version),

@@ -258,7 +258,9 @@ def plan_capabilities(runtime_version: int, arch: str, *, batch_symbol: bool = T
         "gfx": gfx.base,
         "arch_features": ",".join(f"{name}{'+' if on else '-'}" for name, on in gfx.features),
         "product": facts.product if facts else "unknown",
-        "shared_memory_per_block": str(facts.shared_memory_per_block) if facts and facts.shared_memory_per_block else "unknown",
+        "shared_memory_per_block": str(facts.shared_memory_per_block)
+        if facts and facts.shared_memory_per_block
+        else "unknown",
         "wavefront_size": str(facts.wavefront_size) if facts and facts.wavefront_size else "unknown",
         "fp8_kv_format": (facts.fp8_format or "none") if facts else "unknown",
     }

@@ -245,7 +245,9 @@ class HipRuntime:
         self._attribute_index = (ctypes.c_size_t * 1)(0)
 
     @classmethod
-    def load(cls, loader: Callable[[str], ctypes.CDLL] = ctypes.CDLL, directories: Sequence[Path] | None = None) -> HipRuntime:
+    def load(
+        cls, loader: Callable[[str], ctypes.CDLL] = ctypes.CDLL, directories: Sequence[Path] | None = None
+    ) -> HipRuntime:
         """Load ``libamdhip64`` (the copy torch mapped, if any; see :func:`load_hip_library`) and bind it.
 
         Raises:
@@ -312,7 +314,11 @@ class HipRuntime:
             return
         fail_index = ctypes.c_size_t(SIZE_MAX)
         if use_attributes:
-            attrs, attr_index, num_attrs = ctypes.addressof(self._stream_order), ctypes.addressof(self._attribute_index), 1
+            attrs, attr_index, num_attrs = (
+                ctypes.addressof(self._stream_order),
+                ctypes.addressof(self._attribute_index),
+                1,
+            )
         else:
             attrs, attr_index, num_attrs = None, None, 0
         status = function(
@@ -323,7 +329,9 @@ class HipRuntime:
             index = None
             if fail_index.value < count:
                 index = int(positions[fail_index.value]) if positions is not None else fail_index.value
-            detail = f"{count} copies on stream {stream:#x}" + ("" if index is None else f"; the runtime stopped at copy {index}")
+            detail = f"{count} copies on stream {stream:#x}" + (
+                "" if index is None else f"; the runtime stopped at copy {index}"
+            )
             self._check("hipMemcpyBatchAsync", status, detail, index)
 
     def copy_each(self, batch: SwapBatch, stream: int) -> None:

@@ -73,7 +73,9 @@ def probe_rocm(inputs: ProbeInputs) -> Probe:
     facts: dict[str, Any] = {"torch": inputs.torch_version, "torch.version.hip": inputs.torch_hip}
     if not inputs.torch_hip:
         build = f"a CUDA build (CUDA {inputs.torch_cuda})" if inputs.torch_cuda else "a CPU build"
-        return Probe(False, f"torch {inputs.torch_version} is {build}, not a ROCm build (torch.version.hip is None)", facts)
+        return Probe(
+            False, f"torch {inputs.torch_version} is {build}, not a ROCm build (torch.version.hip is None)", facts
+        )
 
     library, tried = inputs.library_finder()
     if library is None:
