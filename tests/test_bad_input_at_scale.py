@@ -21,6 +21,8 @@ from __future__ import annotations
 import collections
 import json
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -114,11 +116,12 @@ def _report(tmp_path_factory: pytest.TempPathFactory, area: str, world: World, c
     assert set(counts) == set(kinds), f"{area} on {world.name}: kinds {set(kinds) ^ set(counts)}"
 
 
-def test_bad_swap_batches_are_refused_whole_with_a_typed_error_naming_the_value(world, tmp_path_factory):
+def _throw_all(world: World, tmp_path_factory, area: str, make: Callable[..., Any], kinds: tuple[str, ...]) -> None:
+    """Throw every kind of ``area``'s bad call at ``world`` (each must be refused, nothing changed), then report."""
     counts: collections.Counter[str] = collections.Counter()
 
-    @_settings("swaps")
-    @given(st.tuples(*(bad_swaps(world, kind) for kind in SWAP_KINDS)))
+    @_settings(area)
+    @given(st.tuples(*(make(world, kind) for kind in kinds)))
     def throw(cases: tuple[BadCall, ...]) -> None:
         for case in cases:
             _refused(world, case)
@@ -126,37 +129,19 @@ def test_bad_swap_batches_are_refused_whole_with_a_typed_error_naming_the_value(
 
     started = time.perf_counter()
     throw()
-    _report(tmp_path_factory, "swaps", world, counts, SWAP_KINDS, time.perf_counter() - started)
+    _report(tmp_path_factory, area, world, counts, kinds, time.perf_counter() - started)
+
+
+def test_bad_swap_batches_are_refused_whole_with_a_typed_error_naming_the_value(world, tmp_path_factory):
+    _throw_all(world, tmp_path_factory, "swaps", bad_swaps, SWAP_KINDS)
 
 
 def test_bad_gathers_are_refused_with_a_typed_error_and_leave_the_destination_untouched(world, tmp_path_factory):
-    counts: collections.Counter[str] = collections.Counter()
-
-    @_settings("gathers")
-    @given(st.tuples(*(bad_gathers(world, kind) for kind in GATHER_KINDS)))
-    def throw(cases: tuple[BadCall, ...]) -> None:
-        for case in cases:
-            _refused(world, case)
-            counts[case.kind] += 1
-
-    started = time.perf_counter()
-    throw()
-    _report(tmp_path_factory, "gathers", world, counts, GATHER_KINDS, time.perf_counter() - started)
+    _throw_all(world, tmp_path_factory, "gathers", bad_gathers, GATHER_KINDS)
 
 
 def test_bad_pins_unpins_and_regions_are_refused_and_leave_every_registration_table_unchanged(world, tmp_path_factory):
-    counts: collections.Counter[str] = collections.Counter()
-
-    @_settings("registrations")
-    @given(st.tuples(*(bad_registrations(world, kind) for kind in REGISTRATION_KINDS)))
-    def throw(cases: tuple[BadCall, ...]) -> None:
-        for case in cases:
-            _refused(world, case)
-            counts[case.kind] += 1
-
-    started = time.perf_counter()
-    throw()
-    _report(tmp_path_factory, "registrations", world, counts, REGISTRATION_KINDS, time.perf_counter() - started)
+    _throw_all(world, tmp_path_factory, "registrations", bad_registrations, REGISTRATION_KINDS)
 
 
 def _in_order_image(world: World, rows: list[tuple[int, int, int]]) -> list[torch.Tensor]:

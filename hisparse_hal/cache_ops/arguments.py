@@ -326,6 +326,23 @@ def check_resolve_residency(
         _int("max_union_rows", max_union_rows)
 
 
+def _gather_sources_and_caches(
+    name: str, plan: object, host_cache: object, hot_cache: object, staging_allowed: bool
+) -> tuple[torch.Tensor, int]:
+    """The two gathers' common checks: a contiguous int32 ``[R, C]`` plan of host rows, a host cache on its
+    device and a hot cache with the same row bytes. Returns the plan and the hot cache's block size."""
+    sources = _tensor(name, plan)
+    assert sources is not None
+    device = sources.device
+    _int32_matrix(name, sources, device, None)
+    _contiguous(name, sources)
+    host = _host_cache(host_cache)
+    hot, block_size = _hot_cache(hot_cache, device, staging_allowed=staging_allowed)
+    _device("host_cache", host, device)
+    _same_row_bytes(host, hot)
+    return sources, block_size
+
+
 def check_gather_compact(
     host_cache: object,
     hot_cache: object,
@@ -338,15 +355,9 @@ def check_gather_compact(
     Raises:
         InvalidArgumentError: naming the first bad argument, its value and what was expected.
     """
-    sources = _tensor("miss_global_indices", miss_global_indices)
-    assert sources is not None
+    sources, _ = _gather_sources_and_caches("miss_global_indices", miss_global_indices, host_cache, hot_cache,
+                                            staging_allowed=False)
     device = sources.device
-    _int32_matrix("miss_global_indices", sources, device, None)
-    _contiguous("miss_global_indices", sources)
-    host = _host_cache(host_cache)
-    hot, _ = _hot_cache(hot_cache, device, staging_allowed=False)
-    _device("host_cache", host, device)
-    _same_row_bytes(host, hot)
     targets = _tensor("miss_hot_indices", miss_hot_indices)
     assert targets is not None
     _int32_matrix("miss_hot_indices", targets, device, tuple(sources.shape))
@@ -375,15 +386,9 @@ def check_gather_plan(
     Raises:
         InvalidArgumentError: naming the first bad argument, its value and what was expected.
     """
-    sources = _tensor("global_indices", global_indices)
-    assert sources is not None
+    sources, block_size = _gather_sources_and_caches("global_indices", global_indices, host_cache, hot_cache,
+                                                     staging_allowed=True)
     device = sources.device
-    _int32_matrix("global_indices", sources, device, None)
-    _contiguous("global_indices", sources)
-    host = _host_cache(host_cache)
-    hot, block_size = _hot_cache(hot_cache, device, staging_allowed=True)
-    _device("host_cache", host, device)
-    _same_row_bytes(host, hot)
     for name, value in (("hot_indices", hot_indices), ("miss_mask", miss_mask)):
         plan = _tensor(name, value)
         assert plan is not None
