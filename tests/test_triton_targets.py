@@ -9,8 +9,10 @@ shapes on all four targets, and top-k 1 and 65 on gfx942, where 65 spans two 64-
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pickle
 import re
 from pathlib import Path
 
@@ -31,12 +33,29 @@ from hisparse_hal.errors import InvalidArgumentError  # noqa: E402
 TARGETS = tuple(kernel_report.TARGETS)
 
 
-@pytest.fixture(scope="module")
-def results() -> list[KernelFacts]:
-    """Production cases x every target, then top-k 1 and 65 on gfx942: compiled once per test session."""
+def _compile() -> list[KernelFacts]:
     with kernel_report.quiet_triton():
         return (kernel_report.compile_cases(kernel_specs.production_cases(), TARGETS)
                 + kernel_report.compile_cases(kernel_specs.lane_cases((1, 65)), ["gfx942"]))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[KernelFacts]:
+    """Production cases x every target, then top-k 1 and 65 on gfx942: compiled once per test run. Under xdist
+    the first worker compiles and the others read its pickle (pytest-xdist's "execute once" recipe: the
+    run's shared temporary folder and a file lock)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process: nothing to share
+        return _compile()
+    shared = tmp_path_factory.getbasetemp().parent  # this run's folder, above every worker's own
+    cache = shared / "triton-targets.pickle"
+    with open(shared / "triton-targets.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if cache.exists():
+            cached: list[KernelFacts] = pickle.loads(cache.read_bytes())  # written by this run's other worker
+            return cached
+        compiled = _compile()
+        cache.write_bytes(pickle.dumps(compiled))
+        return compiled
 
 
 def _production(results: list[KernelFacts]) -> list[KernelFacts]:
