@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -458,12 +459,41 @@ def test_stats_wrap_modulo_two_to_the_64() -> None:
     assert ours["stats"].view(torch.int64).tolist() == [-1, 1]
 
 
-def test_resolve_rejects_bad_argument_before_writing_anything() -> None:
-    case = _case([[0, 1, 2]], [0], [0])
-    case["lru"] = case["lru"].to(I32)
+def _check_rejects_bad_argument_before_writing(ops: Any) -> None:
+    """Call ``ops`` once on the very tensors of a case with int32 ``lru_slots``; every output must stay poisoned."""
+    t = _case([[0, 1, 2]], [0], [0])
+    t["lru"] = t["lru"].to(I32)
+    before = {name: value.clone() for name, value in t.items()}
     with pytest.raises(InvalidArgumentError, match="lru_slots"):
-        _resolve_both(**case)
-    assert case["hot_indices"].eq(POISON).all()
+        ops.resolve_residency(
+            t["host"], t["hot"], t["hot_block_table"], t["topk"], t["hot_indices"], t["dgi"], t["lru"], t["rsi"],
+            t["lru"].shape[1], int(t["union_cap"]), t["miss_mask"], t["stats"], None, 0, t["request_ids"], t["source"],
+            2, None, t["valid_counts"], t["swap_host"], t["swap_device"], t["swap_counts"], None, 0, 0,
+            error_flags=t["flags"],
+        )
+    assert t["hot_indices"].eq(POISON).all(), "hot_indices was written before the argument check"
+    changed = sorted(name for name, value in t.items() if not torch.equal(value, before[name]))
+    assert changed == [], f"written before the argument check: {changed}"
+
+
+@pytest.mark.parametrize("ops", [torch_impl, oracle], ids=["torch_impl", "oracle"])
+def test_resolve_rejects_bad_argument_before_writing_anything(ops: Any) -> None:
+    _check_rejects_bad_argument_before_writing(ops)
+
+
+def test_rejects_before_writing_check_fails_an_impl_that_writes_hot_indices_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Planted bug: the implementation fills hot_indices, then runs its argument check.
+    real_check = torch_impl.arguments.check_resolve_residency
+
+    def write_then_check(*args: Any, **kwargs: Any) -> None:
+        args[4].fill_(0)
+        real_check(*args, **kwargs)
+
+    monkeypatch.setattr(torch_impl, "arguments", SimpleNamespace(check_resolve_residency=write_then_check))
+    with pytest.raises(AssertionError, match="hot_indices was written before the argument check"):
+        _check_rejects_bad_argument_before_writing(torch_impl)
 
 
 def _gather_both(call: Any, host: torch.Tensor, hot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
