@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from host_sync_guard import HostSyncError, no_host_sync
 
 from hisparse_hal.cache_ops import oracle, torch_impl
 from hisparse_hal.cache_ops.sequences import POISON as POISON_SEQ
@@ -150,61 +149,6 @@ def test_resolve_example_b_mtp_rows_share_one_union_and_spill_swaps_into_later_r
 # --------------------------------------------------------------------------------------------------------------
 # No host synchronisation: what a CUDA/HIP graph capture needs, checked on the CPU.
 # --------------------------------------------------------------------------------------------------------------
-
-
-class HostSyncError(AssertionError):
-    """An op read a device value on the host, which a graph capture cannot do."""
-
-
-_SYNCING_ATEN_OPS = frozenset({
-    "aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.equal", "aten.allclose",
-    "aten.nonzero", "aten.nonzero_numpy", "aten.argwhere", "aten.masked_select", "aten.masked_scatter",
-    "aten.unique", "aten._unique", "aten._unique2", "aten.unique_dim", "aten.unique_consecutive",
-    "aten.unique_dim_consecutive", "aten.bincount", "aten.histc",
-})
-_SYNCING_TENSOR_METHODS = frozenset({
-    "item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "__complex__",
-})
-_INDEXING_OPS = frozenset({"aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl_"})
-
-
-class _NoHostSync(TorchDispatchMode):
-    """Fails on every aten op that reads a tensor value back to the host (or has a data-dependent shape).
-
-    Boolean-mask indexing is caught by its index dtype: its kernel calls ``nonzero`` below the Python key.
-    """
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = str(func.overloadpacket)
-        if name in _SYNCING_ATEN_OPS:
-            raise HostSyncError(f"{func} reads device values on the host")
-        if name in _INDEXING_OPS:
-            indices = args[1] if len(args) > 1 else ()
-            if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
-                raise HostSyncError(f"{func} with a boolean mask has a data-dependent shape")
-        return func(*args, **(kwargs or {}))
-
-
-class _NoHostReadback(TorchFunctionMode):
-    """Fails on Tensor methods that hand a value to Python (``.tolist()`` never reaches the dispatcher)."""
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if getattr(func, "__name__", "") in _SYNCING_TENSOR_METHODS:
-            raise HostSyncError(f"Tensor.{func.__name__} reads a device value on the host")
-        return func(*args, **(kwargs or {}))
-
-
-class no_host_sync:
-    """Context manager: any host read of a tensor value inside raises :class:`HostSyncError`."""
-
-    def __enter__(self) -> None:
-        self._modes = (_NoHostReadback(), _NoHostSync())
-        for mode in self._modes:
-            mode.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        for mode in reversed(self._modes):
-            mode.__exit__(*exc)
 
 
 _mask = torch.tensor([True, False, True])
