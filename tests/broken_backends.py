@@ -19,7 +19,8 @@ from hisparse_hal.vendors.cpu.byte_copy import move_swap_batch
 from hisparse_hal.vendors.cpu.graph import current_graph, refuse_while_capturing
 
 __all__ = ["BROKEN", "SwapOneByteShort", "SwapDropsLastDescriptorOfChunk", "GatherConvertsValues", "GatherMinusOneReadsLastRow",
-           "PinWithoutRollback", "CaptureRunsImmediately", "CapturingAlwaysFalse", "IpcWaitReturnsAtOnce", "UnstableCapabilities", "SwapCrashesTheProcess"]
+           "PinWithoutRollback", "CaptureRunsImmediately", "CapturingAlwaysFalse", "IpcWaitReturnsAtOnce", "UnstableCapabilities", "DeviceNoTensorReports",
+           "SwapCrashesTheProcess"]
 
 
 class SwapOneByteShort(CpuBackend):
@@ -125,6 +126,14 @@ class UnstableCapabilities(CpuBackend):
         return dataclasses.replace(base, notes=base.notes + (f"read {type(self)._reads}",))
 
 
+class DeviceNoTensorReports(CpuBackend):
+    """Probe: ``device`` is ``cpu:0``, which no tensor reports (a tensor made there says ``cpu``)."""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu", 0)
+
+
 class SwapCrashesTheProcess(CpuBackend):
     """Swaps: the copy dereferences address 0, killing the process (as a fault in a vendor library would)."""
 
@@ -148,4 +157,5 @@ BROKEN = {
     "CapturingAlwaysFalse": ("probe", "capture or probe"),
     "IpcWaitReturnsAtOnce": ("ipc", "test_ipc"),
     "UnstableCapabilities": ("probe", "probe or stats"),
+    "DeviceNoTensorReports": ("probe", "probe or stats"),
 }

@@ -102,7 +102,13 @@ def test_the_backend_under_test_is_selected_with_a_reason(backend_recipe, backen
 def test_backend_identity(backend):
     assert isinstance(backend.name, str) and backend.name.strip()
     assert isinstance(backend.device, torch.device)
-    assert backend.device == backend.device
+    # Engines compare tensor.device with backend.device: a tensor made there must report that very device
+    # (a GPU device therefore carries its index), and the device must survive a round trip through its name.
+    made_there = torch.empty(1, device=backend.device).device
+    assert made_there == backend.device, (
+        f"a tensor allocated on backend.device ({backend.device}) reports device {made_there}"
+    )
+    assert torch.device(str(backend.device)) == backend.device, f"{backend.device!r} does not round-trip via str()"
 
 
 def test_capabilities_are_a_stable_value(backend):
