@@ -55,7 +55,7 @@ def issue_pending_record(backend: Any, event: Any) -> str:
 
 
 #: Seconds the CPU device's delayed swap lands after it is issued (CpuBackend.delay_next_swap).
-HOST_DELAY_S = 0.3
+HOST_DELAY_S = 1.0
 
 
 def delay_device(backend: Any) -> bool:
