@@ -8,11 +8,16 @@ Build one with ``hisparse-hal conformance --factory broken_backends:<Class>`` (t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
+from hisparse_hal.backend import CacheOps
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.host_registration import PAGE_BYTES, HostChunk, HostRegistration, plan_host_chunks
+from hisparse_hal.kv_cache import KVCacheConfig
 from hisparse_hal.regions import Region, SwapBatch
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 from hisparse_hal.vendors.cpu.byte_copy import move_swap_batch
@@ -20,7 +25,8 @@ from hisparse_hal.vendors.cpu.graph import current_graph, refuse_while_capturing
 
 __all__ = ["BROKEN", "MUST_FAIL", "SwapOneByteShort", "SwapDropsLastDescriptorOfChunk", "GatherConvertsValues", "GatherMinusOneReadsLastRow",
            "PinWithoutRollback", "CaptureRunsImmediately", "CapturingAlwaysFalse", "IpcWaitReturnsAtOnce", "UnstableCapabilities", "DeviceNoTensorReports",
-           "SwapCrashesTheProcess"]
+           "ConfigAcceptsNonPositiveSizes", "StatsCounterNotZeroed", "CacheOpsCountDuplicatesAsMisses",
+           "CacheOpsMissesDoNotSpill", "SwapCrashesTheProcess"]
 
 
 class SwapOneByteShort(CpuBackend):
@@ -134,6 +140,101 @@ class DeviceNoTensorReports(CpuBackend):
         return torch.device("cpu", 0)
 
 
+class ConfigAcceptsNonPositiveSizes(CpuBackend):
+    """KV config: a config with a zero or negative block count, block size or row width is accepted."""
+
+    def validate_kv_cache_config(self, kv_cache_config: KVCacheConfig) -> None:
+        if min(kv_cache_config.num_blocks, kv_cache_config.block_size, kv_cache_config.row_width) <= 0:
+            return
+        super().validate_kv_cache_config(kv_cache_config)
+
+
+class _StatsNotZeroedOps(CacheOps):
+    def new_stats_counter(self) -> torch.Tensor:
+        counter = super().new_stats_counter()
+        counter.view(torch.int64).fill_(7)  # what torch.empty can hand back on a GPU
+        return counter
+
+
+class StatsCounterNotZeroed(CpuBackend):
+    """Stats: ``new_stats_counter`` is allocated but not zeroed (leftover values instead of ``[0, 0]``)."""
+
+    def create_cache_ops(self, runtime: Any) -> CacheOps:
+        return _StatsNotZeroedOps(self, runtime)
+
+
+def _runs(request_ids: torch.Tensor | None, rows: int) -> list[range]:
+    """Consecutive batch rows of one request (a run); every row is its own run without request ids."""
+    if request_ids is None:
+        return [range(r, r + 1) for r in range(rows)]
+    ids, runs, start = request_ids.tolist(), [], 0
+    for r in range(1, rows + 1):
+        if r == rows or ids[r] != ids[start]:
+            runs.append(range(start, r))
+            start = r
+    return runs
+
+
+class _MisplannedResolveOps(CacheOps):
+    """Runs the real resolve, then applies ``distort(args)`` to its outputs (a planted bug in one output)."""
+
+    distort: Callable[[tuple[Any, ...]], None]
+
+    def _ops(self) -> Any:
+        real = super()._ops()
+
+        def resolve_residency(*args: Any, **kwargs: Any) -> None:
+            real.resolve_residency(*args, **kwargs)
+            type(self).distort(args)
+
+        members = {name: getattr(real, name) for name in dir(real) if not name.startswith("__")}
+        return SimpleNamespace(**{**members, "resolve_residency": resolve_residency})
+
+
+def _duplicates_as_misses(args: tuple[Any, ...]) -> None:
+    global_indices, hot_indices, miss_mask, stats, request_ids = args[3], args[4], args[10], args[11], args[14]
+    if stats is None or miss_mask is None:
+        return
+    moved = 0
+    for run in _runs(request_ids, global_indices.shape[0]):
+        tokens = global_indices[run.start:run.stop].reshape(-1).tolist()
+        hot = hot_indices[run.start:run.stop].reshape(-1).tolist()
+        missed = miss_mask[run.start:run.stop].reshape(-1).tolist()
+        loaded = {t for t, h, m in zip(tokens, hot, missed, strict=True) if m == 1 and h >= 0}
+        moved += sum(1 for t, h, m in zip(tokens, hot, missed, strict=True) if m == 0 and h >= 0 and t in loaded)
+    stats.view(torch.int64).add_(torch.tensor([-moved, moved], device=stats.device))
+
+
+def _no_spill_into_later_rows(args: tuple[Any, ...]) -> None:
+    global_indices, swap_counts, request_ids = args[3], args[21], args[14]
+    if swap_counts is None:
+        return
+    for run in _runs(request_ids, global_indices.shape[0]):
+        swap_counts[run.start + 1:run.stop] = 0
+
+
+class _DuplicatesOps(_MisplannedResolveOps):
+    distort = staticmethod(_duplicates_as_misses)
+
+
+class _NoSpillOps(_MisplannedResolveOps):
+    distort = staticmethod(_no_spill_into_later_rows)
+
+
+class CacheOpsCountDuplicatesAsMisses(CpuBackend):
+    """Cache ops: a page referenced twice in a run counts two misses (the second reference is a hit)."""
+
+    def create_cache_ops(self, runtime: Any) -> CacheOps:
+        return _DuplicatesOps(self, runtime)
+
+
+class CacheOpsMissesDoNotSpill(CpuBackend):
+    """Cache ops: a run's misses beyond its first row's top-k are not counted in the later rows' swap lists."""
+
+    def create_cache_ops(self, runtime: Any) -> CacheOps:
+        return _NoSpillOps(self, runtime)
+
+
 class SwapCrashesTheProcess(CpuBackend):
     """Swaps: the copy dereferences address 0, killing the process (as a fault in a vendor library would)."""
 
@@ -158,6 +259,10 @@ BROKEN = {
     "IpcWaitReturnsAtOnce": ("ipc", "test_ipc"),
     "UnstableCapabilities": ("probe", "probe or stats"),
     "DeviceNoTensorReports": ("probe", "probe or stats"),
+    "ConfigAcceptsNonPositiveSizes": ("config", "test_config"),
+    "StatsCounterNotZeroed": ("stats", "test_stats or test_config"),
+    "CacheOpsCountDuplicatesAsMisses": ("cache_ops", "test_cache_ops"),
+    "CacheOpsMissesDoNotSpill": ("cache_ops", "test_cache_ops"),
 }
 
 #: Tests that must be among the failures of a broken backend, where its area has more than one way to catch it.
