@@ -26,7 +26,7 @@ from hisparse_hal.vendors.cpu.graph import current_graph, refuse_while_capturing
 __all__ = ["BROKEN", "MUST_FAIL", "SwapOneByteShort", "SwapDropsLastDescriptorOfChunk", "GatherConvertsValues", "GatherMinusOneReadsLastRow",
            "PinWithoutRollback", "CaptureRunsImmediately", "CapturingAlwaysFalse", "IpcWaitReturnsAtOnce", "UnstableCapabilities", "DeviceNoTensorReports",
            "ConfigAcceptsNonPositiveSizes", "StatsCounterNotZeroed", "CacheOpsCountDuplicatesAsMisses",
-           "CacheOpsMissesDoNotSpill", "SwapCrashesTheProcess"]
+           "CacheOpsMissesDoNotSpill", "CacheOpsLruHitsBeforeFills", "SwapCrashesTheProcess"]
 
 
 class SwapOneByteShort(CpuBackend):
@@ -184,8 +184,9 @@ class _MisplannedResolveOps(CacheOps):
         real = super()._ops()
 
         def resolve_residency(*args: Any, **kwargs: Any) -> None:
+            dgi_before = args[5].clone()
             real.resolve_residency(*args, **kwargs)
-            type(self).distort(args)
+            type(self).distort((*args, dgi_before))
 
         members = {name: getattr(real, name) for name in dir(real) if not name.startswith("__")}
         return SimpleNamespace(**{**members, "resolve_residency": resolve_residency})
@@ -211,6 +212,31 @@ def _no_spill_into_later_rows(args: tuple[Any, ...]) -> None:
         return
     for run in _runs(request_ids, global_indices.shape[0]):
         swap_counts[run.start + 1:run.stop] = 0
+
+
+def _hits_before_fills_in_lru(args: tuple[Any, ...]) -> None:
+    """The LRU row becomes [unused evictables, hits, filled slots] instead of [unused, filled, hits]."""
+    dgi, lru, dgi_before = args[5], args[6], args[-1]
+    for state in range(dgi.shape[0]):
+        filled = {s for s in range(dgi.shape[1]) if int(dgi[state, s]) != int(dgi_before[state, s])}
+        order = lru[state].tolist()
+        last = max((i for i, slot in enumerate(order) if slot in filled), default=None)
+        if last is None:
+            continue
+        head, hits = order[:last + 1], order[last + 1:]
+        new = [x for x in head if x not in filled] + hits + [x for x in head if x in filled]
+        lru[state] = torch.tensor(new, dtype=lru.dtype, device=lru.device)
+
+
+class _LruHitsFirstOps(_MisplannedResolveOps):
+    distort = staticmethod(_hits_before_fills_in_lru)
+
+
+class CacheOpsLruHitsBeforeFills(CpuBackend):
+    """Cache ops: the LRU order puts the step's hits before its newly filled slots (fills evicted later)."""
+
+    def create_cache_ops(self, runtime: Any) -> CacheOps:
+        return _LruHitsFirstOps(self, runtime)
 
 
 class _DuplicatesOps(_MisplannedResolveOps):
@@ -263,6 +289,7 @@ BROKEN = {
     "StatsCounterNotZeroed": ("stats", "test_stats or test_config"),
     "CacheOpsCountDuplicatesAsMisses": ("cache_ops", "test_cache_ops"),
     "CacheOpsMissesDoNotSpill": ("cache_ops", "test_cache_ops"),
+    "CacheOpsLruHitsBeforeFills": ("cache_ops", "test_cache_ops"),
 }
 
 #: Tests that must be among the failures of a broken backend, where its area has more than one way to catch it.
