@@ -246,12 +246,7 @@ DELAY_EVERY, DELAY_S = 100, 0.05
 
 def _consumer(handle: bytes, pool_path: str, conn, backend_class: str = "CpuBackend") -> None:
     """Spawned: import the event, then per cycle wait and check the shared pool's bytes."""
-    if backend_class == "CpuBackend":
-        backend = CpuBackend(event_timeout_s=20)
-    else:  # a planted bug from tests/broken_backends.py (spawned children inherit the parent's sys.path)
-        import broken_backends
-
-        backend = getattr(broken_backends, backend_class)(event_timeout_s=20)
+    backend = _backend_named(backend_class)
     event = backend.import_event(torch.device("cpu"), handle)
     pool = torch.from_file(pool_path, shared=True, size=POOL_BYTES, dtype=torch.uint8)
     conn.send("ready")
@@ -412,9 +407,18 @@ def test_waiting_on_a_live_exporters_unfinished_record_times_out_and_closed_even
 
 
 # ----------------------------------------------------------------------------- soak and killed exporters
-def _soak_peer(handle: bytes, pool_path: str, cycles: int, conn) -> None:
+def _backend_named(backend_class: str) -> CpuBackend:
+    """The CPU device, or a planted bug from tests/broken_backends.py (spawned children inherit sys.path)."""
+    if backend_class == "CpuBackend":
+        return CpuBackend(event_timeout_s=20)
+    import broken_backends
+
+    return getattr(broken_backends, backend_class)(event_timeout_s=20)
+
+
+def _soak_peer(handle: bytes, pool_path: str, cycles: int, conn, backend_class: str = "CpuBackend") -> None:
     """Spawned: per cycle wait on the parent's event, check the word it wrote, answer on its own event."""
-    backend = CpuBackend(event_timeout_s=20)
+    backend = _backend_named(backend_class)
     theirs = backend.import_event("cpu", handle)
     mine = backend.create_ipc_event()
     words = torch.from_file(pool_path, shared=True, size=2, dtype=torch.int64)
@@ -435,40 +439,70 @@ def _soak_peer(handle: bytes, pool_path: str, cycles: int, conn) -> None:
     mine.close()
 
 
-@pytest.mark.timeout(240)
-def test_ten_thousand_record_wait_cycles_across_processes_each_way_see_every_write(backend, tmp_path):
-    """Issue 10 item 5: far past ROCm 7.2's 32-slot ring (vLLM #57602), in both directions."""
+#: Every SOAK_DELAY_EVERY-th cycle the parent's word lands through a delayed swap (see DELAY_EVERY).
+SOAK_DELAY_EVERY = 1000
+
+
+def _soak(backend: CpuBackend, tmp_path, cycles: int, peer_class: str = "CpuBackend",
+          delay_every: int = SOAK_DELAY_EVERY, delay_s: float = DELAY_S) -> tuple:
+    """Record/wait ``cycles`` times each way with a spawned peer; (peer's report, words the parent read wrong)."""
     pool_path = str(tmp_path / "words")
     with open(pool_path, "wb") as f:
         f.write(bytes(16))
     words = torch.from_file(pool_path, shared=True, size=2, dtype=torch.int64)
+    words.fill_(-1)  # no cycle's value, so a read before cycle 0's write lands is seen as wrong
+    staging = torch.zeros(1, dtype=torch.int64)
+    backend.pin_tensor(words)
+    backend.register_region(staging.data_ptr(), 8, "soak staging")
+    delayed_write = (torch.tensor([staging.data_ptr()]), torch.tensor([words.data_ptr()]), torch.tensor([8]))
     mine = backend.create_ipc_event()
     parent, child = SPAWN.Pipe()
-    process = SPAWN.Process(target=_soak_peer, args=(backend.export_event(mine), pool_path, SOAK_CYCLES, child))
+    process = SPAWN.Process(target=_soak_peer,
+                            args=(backend.export_event(mine), pool_path, cycles, child, peer_class))
     process.start()
     try:
         theirs = backend.import_event("cpu", _recv(parent, 60))
         wrong = []
-        for cycle in range(SOAK_CYCLES):
-            words[0] = cycle
+        for cycle in range(cycles):
+            if cycle % delay_every == 0:  # lands after record() returns: only the peer's wait() orders it
+                staging[0] = cycle
+                backend.delay_next_swap(delay_s)
+                backend.swap_blocks_batch(*delayed_write)
+            else:
+                words[0] = cycle
             mine.record()
             parent.send(cycle)
             assert _recv(parent) == cycle
             theirs.wait()
             if int(words[1]) != cycle:
                 wrong.append((cycle, int(words[1])))
-        assert _recv(parent) == ("done", [])
-        assert wrong == []
-        assert mine._record.read() == (SOAK_CYCLES, SOAK_CYCLES)
-        assert theirs._record.read() == (SOAK_CYCLES, SOAK_CYCLES)
+        report = _recv(parent)
+        mine.synchronize()  # delayed writes a broken peer did not wait for may still be in flight
+        assert mine._record.read() == (cycles, cycles)
+        assert theirs._record.read() == (cycles, cycles)
         theirs.close()
         parent.send("bye")
         process.join(30)
         assert process.exitcode == 0
+        backend.unpin_tensor(words)
+        return report, wrong
     finally:
         if process.is_alive():
             process.kill()
         mine.close()
+
+
+@pytest.mark.timeout(240)
+def test_ten_thousand_record_wait_cycles_across_processes_each_way_see_every_write(backend, tmp_path):
+    """Issue 10 item 5: far past ROCm 7.2's 32-slot ring (vLLM #57602), in both directions."""
+    assert _soak(backend, tmp_path, SOAK_CYCLES) == (("done", []), [])
+
+
+@pytest.mark.timeout(120)
+def test_the_soak_fails_a_peer_whose_wait_returns_at_once(backend, tmp_path):
+    """Planted bug: the peer's wait() returns at once, so it reads the parent's delayed word before it lands."""
+    (status, bad), wrong = _soak(backend, tmp_path, 3, "IpcWaitReturnsAtOnce", delay_every=1, delay_s=0.5)
+    assert (status, [cycle for cycle, _ in bad], wrong) == ("done", [0, 1, 2], [])
 
 
 def _killed_exporter(conn) -> None:
