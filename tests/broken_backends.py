@@ -8,18 +8,25 @@ Build one with ``hisparse-hal conformance --factory broken_backends:<Class>`` (t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
+from hisparse_hal.backend import CacheOps
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.host_registration import PAGE_BYTES, HostChunk, HostRegistration, plan_host_chunks
+from hisparse_hal.kv_cache import KVCacheConfig
 from hisparse_hal.regions import Region, SwapBatch
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 from hisparse_hal.vendors.cpu.byte_copy import move_swap_batch
 from hisparse_hal.vendors.cpu.graph import current_graph, refuse_while_capturing
 
-__all__ = ["BROKEN", "SwapOneByteShort", "SwapDropsLastDescriptorOfChunk", "GatherConvertsValues", "GatherMinusOneReadsLastRow",
-           "PinWithoutRollback", "CaptureRunsImmediately", "CapturingAlwaysFalse", "IpcWaitReturnsAtOnce", "UnstableCapabilities", "SwapCrashesTheProcess"]
+__all__ = ["BROKEN", "MUST_FAIL", "SwapOneByteShort", "SwapDropsLastDescriptorOfChunk", "GatherConvertsValues", "GatherMinusOneReadsLastRow",
+           "PinWithoutRollback", "CaptureRunsImmediately", "CapturingAlwaysFalse", "IpcWaitReturnsAtOnce", "UnstableCapabilities", "DeviceNoTensorReports",
+           "ConfigAcceptsNonPositiveSizes", "StatsCounterNotZeroed", "CacheOpsCountDuplicatesAsMisses",
+           "CacheOpsMissesDoNotSpill", "CacheOpsLruHitsBeforeFills", "SwapCrashesTheProcess"]
 
 
 class SwapOneByteShort(CpuBackend):
@@ -125,6 +132,135 @@ class UnstableCapabilities(CpuBackend):
         return dataclasses.replace(base, notes=base.notes + (f"read {type(self)._reads}",))
 
 
+class DeviceNoTensorReports(CpuBackend):
+    """Probe: ``device`` is ``cpu:0``, which no tensor reports (a tensor made there says ``cpu``)."""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu", 0)
+
+
+class ConfigAcceptsNonPositiveSizes(CpuBackend):
+    """KV config: a config with a zero or negative block count, block size or row width is accepted."""
+
+    def validate_kv_cache_config(self, kv_cache_config: KVCacheConfig) -> None:
+        if min(kv_cache_config.num_blocks, kv_cache_config.block_size, kv_cache_config.row_width) <= 0:
+            return
+        super().validate_kv_cache_config(kv_cache_config)
+
+
+class _StatsNotZeroedOps(CacheOps):
+    def new_stats_counter(self) -> torch.Tensor:
+        counter = super().new_stats_counter()
+        counter.view(torch.int64).fill_(7)  # what torch.empty can hand back on a GPU
+        return counter
+
+
+class StatsCounterNotZeroed(CpuBackend):
+    """Stats: ``new_stats_counter`` is allocated but not zeroed (leftover values instead of ``[0, 0]``)."""
+
+    def create_cache_ops(self, runtime: Any) -> CacheOps:
+        return _StatsNotZeroedOps(self, runtime)
+
+
+def _runs(request_ids: torch.Tensor | None, rows: int) -> list[range]:
+    """Consecutive batch rows of one request (a run); every row is its own run without request ids."""
+    if request_ids is None:
+        return [range(r, r + 1) for r in range(rows)]
+    ids, runs, start = request_ids.tolist(), [], 0
+    for r in range(1, rows + 1):
+        if r == rows or ids[r] != ids[start]:
+            runs.append(range(start, r))
+            start = r
+    return runs
+
+
+class _MisplannedResolveOps(CacheOps):
+    """Runs the real resolve, then applies ``distort(args)`` to its outputs (a planted bug in one output)."""
+
+    distort: Callable[[tuple[Any, ...]], None]
+
+    def _ops(self) -> Any:
+        real = super()._ops()
+
+        def resolve_residency(*args: Any, **kwargs: Any) -> None:
+            dgi_before = args[5].clone()
+            real.resolve_residency(*args, **kwargs)
+            type(self).distort((*args, dgi_before))
+
+        members = {name: getattr(real, name) for name in dir(real) if not name.startswith("__")}
+        return SimpleNamespace(**{**members, "resolve_residency": resolve_residency})
+
+
+def _duplicates_as_misses(args: tuple[Any, ...]) -> None:
+    global_indices, hot_indices, miss_mask, stats, request_ids = args[3], args[4], args[10], args[11], args[14]
+    if stats is None or miss_mask is None:
+        return
+    moved = 0
+    for run in _runs(request_ids, global_indices.shape[0]):
+        tokens = global_indices[run.start:run.stop].reshape(-1).tolist()
+        hot = hot_indices[run.start:run.stop].reshape(-1).tolist()
+        missed = miss_mask[run.start:run.stop].reshape(-1).tolist()
+        loaded = {t for t, h, m in zip(tokens, hot, missed, strict=True) if m == 1 and h >= 0}
+        moved += sum(1 for t, h, m in zip(tokens, hot, missed, strict=True) if m == 0 and h >= 0 and t in loaded)
+    stats.view(torch.int64).add_(torch.tensor([-moved, moved], device=stats.device))
+
+
+def _no_spill_into_later_rows(args: tuple[Any, ...]) -> None:
+    global_indices, swap_counts, request_ids = args[3], args[21], args[14]
+    if swap_counts is None:
+        return
+    for run in _runs(request_ids, global_indices.shape[0]):
+        swap_counts[run.start + 1:run.stop] = 0
+
+
+def _hits_before_fills_in_lru(args: tuple[Any, ...]) -> None:
+    """The LRU row becomes [unused evictables, hits, filled slots] instead of [unused, filled, hits]."""
+    dgi, lru, dgi_before = args[5], args[6], args[-1]
+    for state in range(dgi.shape[0]):
+        filled = {s for s in range(dgi.shape[1]) if int(dgi[state, s]) != int(dgi_before[state, s])}
+        order = lru[state].tolist()
+        last = max((i for i, slot in enumerate(order) if slot in filled), default=None)
+        if last is None:
+            continue
+        head, hits = order[:last + 1], order[last + 1:]
+        new = [x for x in head if x not in filled] + hits + [x for x in head if x in filled]
+        lru[state] = torch.tensor(new, dtype=lru.dtype, device=lru.device)
+
+
+class _LruHitsFirstOps(_MisplannedResolveOps):
+    distort = staticmethod(_hits_before_fills_in_lru)
+
+
+class CacheOpsLruHitsBeforeFills(CpuBackend):
+    """Cache ops: the LRU order puts the step's hits before its newly filled slots (fills evicted later)."""
+
+    def create_cache_ops(self, runtime: Any) -> CacheOps:
+        return _LruHitsFirstOps(self, runtime)
+
+
+class _DuplicatesOps(_MisplannedResolveOps):
+    distort = staticmethod(_duplicates_as_misses)
+
+
+class _NoSpillOps(_MisplannedResolveOps):
+    distort = staticmethod(_no_spill_into_later_rows)
+
+
+class CacheOpsCountDuplicatesAsMisses(CpuBackend):
+    """Cache ops: a page referenced twice in a run counts two misses (the second reference is a hit)."""
+
+    def create_cache_ops(self, runtime: Any) -> CacheOps:
+        return _DuplicatesOps(self, runtime)
+
+
+class CacheOpsMissesDoNotSpill(CpuBackend):
+    """Cache ops: a run's misses beyond its first row's top-k are not counted in the later rows' swap lists."""
+
+    def create_cache_ops(self, runtime: Any) -> CacheOps:
+        return _NoSpillOps(self, runtime)
+
+
 class SwapCrashesTheProcess(CpuBackend):
     """Swaps: the copy dereferences address 0, killing the process (as a fault in a vendor library would)."""
 
@@ -148,4 +284,16 @@ BROKEN = {
     "CapturingAlwaysFalse": ("probe", "capture or probe"),
     "IpcWaitReturnsAtOnce": ("ipc", "test_ipc"),
     "UnstableCapabilities": ("probe", "probe or stats"),
+    "DeviceNoTensorReports": ("probe", "probe or stats"),
+    "ConfigAcceptsNonPositiveSizes": ("config", "test_config"),
+    "StatsCounterNotZeroed": ("stats", "test_stats or test_config"),
+    "CacheOpsCountDuplicatesAsMisses": ("cache_ops", "test_cache_ops"),
+    "CacheOpsMissesDoNotSpill": ("cache_ops", "test_cache_ops"),
+    "CacheOpsLruHitsBeforeFills": ("cache_ops", "test_cache_ops"),
+}
+
+#: Tests that must be among the failures of a broken backend, where its area has more than one way to catch it.
+MUST_FAIL = {
+    # The pending-record test catches it too; this one proves the pool's bytes are ordered by the event alone.
+    "IpcWaitReturnsAtOnce": ("test_ipc.py::test_ipc_consumer_reads_exactly_the_bytes_written_before_the_record",),
 }

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from host_sync_guard import HostSyncError, no_host_sync
 
 from hisparse_hal.cache_ops import oracle, torch_impl
 from hisparse_hal.cache_ops.sequences import POISON as POISON_SEQ
@@ -149,61 +149,6 @@ def test_resolve_example_b_mtp_rows_share_one_union_and_spill_swaps_into_later_r
 # --------------------------------------------------------------------------------------------------------------
 # No host synchronisation: what a CUDA/HIP graph capture needs, checked on the CPU.
 # --------------------------------------------------------------------------------------------------------------
-
-
-class HostSyncError(AssertionError):
-    """An op read a device value on the host, which a graph capture cannot do."""
-
-
-_SYNCING_ATEN_OPS = frozenset({
-    "aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.equal", "aten.allclose",
-    "aten.nonzero", "aten.nonzero_numpy", "aten.argwhere", "aten.masked_select", "aten.masked_scatter",
-    "aten.unique", "aten._unique", "aten._unique2", "aten.unique_dim", "aten.unique_consecutive",
-    "aten.unique_dim_consecutive", "aten.bincount", "aten.histc",
-})
-_SYNCING_TENSOR_METHODS = frozenset({
-    "item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "__complex__",
-})
-_INDEXING_OPS = frozenset({"aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl_"})
-
-
-class _NoHostSync(TorchDispatchMode):
-    """Fails on every aten op that reads a tensor value back to the host (or has a data-dependent shape).
-
-    Boolean-mask indexing is caught by its index dtype: its kernel calls ``nonzero`` below the Python key.
-    """
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = str(func.overloadpacket)
-        if name in _SYNCING_ATEN_OPS:
-            raise HostSyncError(f"{func} reads device values on the host")
-        if name in _INDEXING_OPS:
-            indices = args[1] if len(args) > 1 else ()
-            if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
-                raise HostSyncError(f"{func} with a boolean mask has a data-dependent shape")
-        return func(*args, **(kwargs or {}))
-
-
-class _NoHostReadback(TorchFunctionMode):
-    """Fails on Tensor methods that hand a value to Python (``.tolist()`` never reaches the dispatcher)."""
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if getattr(func, "__name__", "") in _SYNCING_TENSOR_METHODS:
-            raise HostSyncError(f"Tensor.{func.__name__} reads a device value on the host")
-        return func(*args, **(kwargs or {}))
-
-
-class no_host_sync:
-    """Context manager: any host read of a tensor value inside raises :class:`HostSyncError`."""
-
-    def __enter__(self) -> None:
-        self._modes = (_NoHostReadback(), _NoHostSync())
-        for mode in self._modes:
-            mode.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        for mode in reversed(self._modes):
-            mode.__exit__(*exc)
 
 
 _mask = torch.tensor([True, False, True])
@@ -458,12 +403,41 @@ def test_stats_wrap_modulo_two_to_the_64() -> None:
     assert ours["stats"].view(torch.int64).tolist() == [-1, 1]
 
 
-def test_resolve_rejects_bad_argument_before_writing_anything() -> None:
-    case = _case([[0, 1, 2]], [0], [0])
-    case["lru"] = case["lru"].to(I32)
+def _check_rejects_bad_argument_before_writing(ops: Any) -> None:
+    """Call ``ops`` once on the very tensors of a case with int32 ``lru_slots``; every output must stay poisoned."""
+    t = _case([[0, 1, 2]], [0], [0])
+    t["lru"] = t["lru"].to(I32)
+    before = {name: value.clone() for name, value in t.items()}
     with pytest.raises(InvalidArgumentError, match="lru_slots"):
-        _resolve_both(**case)
-    assert case["hot_indices"].eq(POISON).all()
+        ops.resolve_residency(
+            t["host"], t["hot"], t["hot_block_table"], t["topk"], t["hot_indices"], t["dgi"], t["lru"], t["rsi"],
+            t["lru"].shape[1], int(t["union_cap"]), t["miss_mask"], t["stats"], None, 0, t["request_ids"], t["source"],
+            2, None, t["valid_counts"], t["swap_host"], t["swap_device"], t["swap_counts"], None, 0, 0,
+            error_flags=t["flags"],
+        )
+    assert t["hot_indices"].eq(POISON).all(), "hot_indices was written before the argument check"
+    changed = sorted(name for name, value in t.items() if not torch.equal(value, before[name]))
+    assert changed == [], f"written before the argument check: {changed}"
+
+
+@pytest.mark.parametrize("ops", [torch_impl, oracle], ids=["torch_impl", "oracle"])
+def test_resolve_rejects_bad_argument_before_writing_anything(ops: Any) -> None:
+    _check_rejects_bad_argument_before_writing(ops)
+
+
+def test_rejects_before_writing_check_fails_an_impl_that_writes_hot_indices_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Planted bug: the implementation fills hot_indices, then runs its argument check.
+    real_check = torch_impl.arguments.check_resolve_residency
+
+    def write_then_check(*args: Any, **kwargs: Any) -> None:
+        args[4].fill_(0)
+        real_check(*args, **kwargs)
+
+    monkeypatch.setattr(torch_impl, "arguments", SimpleNamespace(check_resolve_residency=write_then_check))
+    with pytest.raises(AssertionError, match="hot_indices was written before the argument check"):
+        _check_rejects_bad_argument_before_writing(torch_impl)
 
 
 def _gather_both(call: Any, host: torch.Tensor, hot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

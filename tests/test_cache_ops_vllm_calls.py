@@ -254,7 +254,10 @@ def ops(request: pytest.FixtureRequest) -> Any:
     return IMPLEMENTATIONS[request.param]()
 
 
-def test_vllm_resolve_and_swap_rows_calls_match_the_oracle_bit_for_bit(ops: Any) -> None:
+@pytest.mark.parametrize("name", [name for name in IMPLEMENTATIONS if name != "oracle"])
+def test_vllm_resolve_and_swap_rows_calls_match_the_oracle_bit_for_bit(name: str) -> None:
+    # The oracle itself is checked against worked-out expectations by the tests below, not against itself.
+    ops = IMPLEMENTATIONS[name]()
     expected, _ = _run_forward(oracle)
     actual, _ = _run_forward(ops)
     for name, tensor in expected.state().items():

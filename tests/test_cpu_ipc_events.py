@@ -239,9 +239,14 @@ def test_event_timeout_comes_from_the_environment(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- across processes
-def _consumer(handle: bytes, pool_path: str, conn) -> None:
+#: Every DELAY_EVERY-th cycle the producer's swap lands DELAY_S after record() returns (delay_next_swap), so the
+#: pipe message no longer orders the consumer's read: only a wait() that waits does.
+DELAY_EVERY, DELAY_S = 100, 0.05
+
+
+def _consumer(handle: bytes, pool_path: str, conn, backend_class: str = "CpuBackend") -> None:
     """Spawned: import the event, then per cycle wait and check the shared pool's bytes."""
-    backend = CpuBackend(event_timeout_s=20)
+    backend = _backend_named(backend_class)
     event = backend.import_event(torch.device("cpu"), handle)
     pool = torch.from_file(pool_path, shared=True, size=POOL_BYTES, dtype=torch.uint8)
     conn.send("ready")
@@ -259,14 +264,15 @@ def _consumer(handle: bytes, pool_path: str, conn) -> None:
     event.close()
 
 
-@pytest.mark.timeout(180)
-def test_producer_and_consumer_exchange_1000_record_wait_cycles_across_processes(backend, tmp_path):
+def _exchange(backend: CpuBackend, tmp_path, cycles: int, consumer_class: str = "CpuBackend",
+              delay_every: int = DELAY_EVERY, delay_s: float = DELAY_S) -> tuple:
+    """Produce ``cycles`` patterns into a pool shared with a spawned consumer; what the consumer reported."""
     pool_path = f"/dev/shm/hisparse-hal-test-pool-{os.getpid()}" if os.path.isdir("/dev/shm") else str(tmp_path / "pool")
     with open(pool_path, "wb") as f:
         f.write(bytes(POOL_BYTES))
     event = backend.create_ipc_event()
     parent, child = SPAWN.Pipe()
-    process = SPAWN.Process(target=_consumer, args=(backend.export_event(event), pool_path, child))
+    process = SPAWN.Process(target=_consumer, args=(backend.export_event(event), pool_path, child, consumer_class))
     try:
         pool = torch.from_file(pool_path, shared=True, size=POOL_BYTES, dtype=torch.uint8)
         backend.pin_tensor(pool)
@@ -275,24 +281,57 @@ def test_producer_and_consumer_exchange_1000_record_wait_cycles_across_processes
         descriptors = (torch.tensor([staging.data_ptr()]), torch.tensor([pool.data_ptr()]), torch.tensor([POOL_BYTES]))
         process.start()
         assert _recv(parent, 60) == "ready"
-        for cycle in range(CYCLES):
+        for cycle in range(cycles):
             staging.copy_(_pattern(cycle))
+            if cycle % delay_every == 0:
+                backend.delay_next_swap(delay_s)
             backend.swap_blocks_batch(*descriptors)  # the producer writes the shared pool...
             event.record()  # ...then records; the consumer waits, then reads
             parent.send(cycle)
             assert _recv(parent) == cycle  # handshake: the consumer is done reading
         parent.send(None)
-        status, bad, consumer_saw_complete = _recv(parent)
-        assert (status, bad, consumer_saw_complete) == ("done", [], True)
-        assert event._record.read() == (CYCLES + 1, CYCLES + 1)
+        report = _recv(parent)
+        records = event._record.read()
         process.join(30)
         assert process.exitcode == 0
         backend.unpin_tensor(pool)
+        return report, records
     finally:
         if process.is_alive():
             process.kill()
         event.close()
         os.unlink(pool_path)
+
+
+@pytest.mark.timeout(180)
+def test_producer_and_consumer_exchange_1000_record_wait_cycles_across_processes(backend, tmp_path):
+    (status, bad, consumer_saw_complete), records = _exchange(backend, tmp_path, CYCLES)
+    assert (status, bad, consumer_saw_complete) == ("done", [], True)
+    assert records == (CYCLES + 1, CYCLES + 1)
+
+
+@pytest.mark.timeout(120)
+def test_the_exchange_fails_a_consumer_whose_wait_returns_at_once(backend, tmp_path):
+    """Planted bug: with delayed swaps the pipe alone does not order the read, so a no-op wait() reads stale bytes.
+
+    Every cycle is delayed by half a second here, so the stale read does not depend on how fast the consumer runs.
+    """
+    (status, bad, _), _ = _exchange(backend, tmp_path, 3, "IpcWaitReturnsAtOnce", delay_every=1, delay_s=0.5)
+    assert (status, bad) == ("done", [0, 1, 2])
+
+
+def test_a_delayed_swap_lands_after_record_returns_and_the_record_completes_behind_it(backend):
+    source, target = torch.arange(64, dtype=torch.uint8), torch.zeros(64, dtype=torch.uint8)
+    backend.register_region(source.data_ptr(), 64, "source")
+    backend.pin_tensor(target)
+    event = backend.create_ipc_event()
+    backend.delay_next_swap(0.2)
+    backend.swap_blocks_batch(torch.tensor([source.data_ptr()]), torch.tensor([target.data_ptr()]), torch.tensor([64]))
+    event.record()
+    assert target.eq(0).all() and event.query() is False, "the delayed swap landed before record() returned"
+    event.synchronize()
+    assert torch.equal(target, source) and event.query() is True
+    backend.unpin_tensor(target)
 
 
 def _dying_exporter(conn) -> None:
@@ -368,9 +407,18 @@ def test_waiting_on_a_live_exporters_unfinished_record_times_out_and_closed_even
 
 
 # ----------------------------------------------------------------------------- soak and killed exporters
-def _soak_peer(handle: bytes, pool_path: str, cycles: int, conn) -> None:
+def _backend_named(backend_class: str) -> CpuBackend:
+    """The CPU device, or a planted bug from tests/broken_backends.py (spawned children inherit sys.path)."""
+    if backend_class == "CpuBackend":
+        return CpuBackend(event_timeout_s=20)
+    import broken_backends
+
+    return getattr(broken_backends, backend_class)(event_timeout_s=20)
+
+
+def _soak_peer(handle: bytes, pool_path: str, cycles: int, conn, backend_class: str = "CpuBackend") -> None:
     """Spawned: per cycle wait on the parent's event, check the word it wrote, answer on its own event."""
-    backend = CpuBackend(event_timeout_s=20)
+    backend = _backend_named(backend_class)
     theirs = backend.import_event("cpu", handle)
     mine = backend.create_ipc_event()
     words = torch.from_file(pool_path, shared=True, size=2, dtype=torch.int64)
@@ -391,40 +439,70 @@ def _soak_peer(handle: bytes, pool_path: str, cycles: int, conn) -> None:
     mine.close()
 
 
-@pytest.mark.timeout(240)
-def test_ten_thousand_record_wait_cycles_across_processes_each_way_see_every_write(backend, tmp_path):
-    """Issue 10 item 5: far past ROCm 7.2's 32-slot ring (vLLM #57602), in both directions."""
+#: Every SOAK_DELAY_EVERY-th cycle the parent's word lands through a delayed swap (see DELAY_EVERY).
+SOAK_DELAY_EVERY = 1000
+
+
+def _soak(backend: CpuBackend, tmp_path, cycles: int, peer_class: str = "CpuBackend",
+          delay_every: int = SOAK_DELAY_EVERY, delay_s: float = DELAY_S) -> tuple:
+    """Record/wait ``cycles`` times each way with a spawned peer; (peer's report, words the parent read wrong)."""
     pool_path = str(tmp_path / "words")
     with open(pool_path, "wb") as f:
         f.write(bytes(16))
     words = torch.from_file(pool_path, shared=True, size=2, dtype=torch.int64)
+    words.fill_(-1)  # no cycle's value, so a read before cycle 0's write lands is seen as wrong
+    staging = torch.zeros(1, dtype=torch.int64)
+    backend.pin_tensor(words)
+    backend.register_region(staging.data_ptr(), 8, "soak staging")
+    delayed_write = (torch.tensor([staging.data_ptr()]), torch.tensor([words.data_ptr()]), torch.tensor([8]))
     mine = backend.create_ipc_event()
     parent, child = SPAWN.Pipe()
-    process = SPAWN.Process(target=_soak_peer, args=(backend.export_event(mine), pool_path, SOAK_CYCLES, child))
+    process = SPAWN.Process(target=_soak_peer,
+                            args=(backend.export_event(mine), pool_path, cycles, child, peer_class))
     process.start()
     try:
         theirs = backend.import_event("cpu", _recv(parent, 60))
         wrong = []
-        for cycle in range(SOAK_CYCLES):
-            words[0] = cycle
+        for cycle in range(cycles):
+            if cycle % delay_every == 0:  # lands after record() returns: only the peer's wait() orders it
+                staging[0] = cycle
+                backend.delay_next_swap(delay_s)
+                backend.swap_blocks_batch(*delayed_write)
+            else:
+                words[0] = cycle
             mine.record()
             parent.send(cycle)
             assert _recv(parent) == cycle
             theirs.wait()
             if int(words[1]) != cycle:
                 wrong.append((cycle, int(words[1])))
-        assert _recv(parent) == ("done", [])
-        assert wrong == []
-        assert mine._record.read() == (SOAK_CYCLES, SOAK_CYCLES)
-        assert theirs._record.read() == (SOAK_CYCLES, SOAK_CYCLES)
+        report = _recv(parent)
+        mine.synchronize()  # delayed writes a broken peer did not wait for may still be in flight
+        assert mine._record.read() == (cycles, cycles)
+        assert theirs._record.read() == (cycles, cycles)
         theirs.close()
         parent.send("bye")
         process.join(30)
         assert process.exitcode == 0
+        backend.unpin_tensor(words)
+        return report, wrong
     finally:
         if process.is_alive():
             process.kill()
         mine.close()
+
+
+@pytest.mark.timeout(240)
+def test_ten_thousand_record_wait_cycles_across_processes_each_way_see_every_write(backend, tmp_path):
+    """Issue 10 item 5: far past ROCm 7.2's 32-slot ring (vLLM #57602), in both directions."""
+    assert _soak(backend, tmp_path, SOAK_CYCLES) == (("done", []), [])
+
+
+@pytest.mark.timeout(120)
+def test_the_soak_fails_a_peer_whose_wait_returns_at_once(backend, tmp_path):
+    """Planted bug: the peer's wait() returns at once, so it reads the parent's delayed word before it lands."""
+    (status, bad), wrong = _soak(backend, tmp_path, 3, "IpcWaitReturnsAtOnce", delay_every=1, delay_s=0.5)
+    assert (status, [cycle for cycle, _ in bad], wrong) == ("done", [0, 1, 2], [])
 
 
 def _killed_exporter(conn) -> None:

@@ -48,7 +48,20 @@ def _assert_nothing_pinned(backend: CpuBackend) -> None:
 
 
 # ----------------------------------------------------------------------------- identity
-def test_cpu_backend_is_selected_without_a_gpu_build_and_reports_its_capabilities():
+@pytest.fixture
+def cpu_build_of_torch(monkeypatch: pytest.MonkeyPatch):
+    """Make torch look like a CPU build (as here), so automatic selection is the CPU device on any machine."""
+    from hisparse_hal import registry
+
+    monkeypatch.setattr(torch.version, "cuda", None, raising=False)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.delenv(registry.BACKEND_ENV, raising=False)
+    registry.reset_backend_cache()
+    yield
+    registry.reset_backend_cache()
+
+
+def test_cpu_backend_is_selected_without_a_gpu_build_and_reports_its_capabilities(cpu_build_of_torch):
     backend = hisparse_hal.get_backend()
     assert isinstance(backend, CpuBackend) and backend.name == "cpu"
     assert backend.device == torch.device("cpu")

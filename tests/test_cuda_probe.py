@@ -203,7 +203,69 @@ def test_import_and_probe_create_no_cuda_context_and_load_no_driver_binding(tmp_
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True)
     report = json.loads(out.stdout.strip().splitlines()[-1])
+    # GPU-run check: always False on a CPU build of torch, where the probe stops at "CPU build"; it is the real
+    # test on a CUDA machine (ci/gpu-check.sh). Here the claim is proven against the simulated driver below.
     assert report["initialized"] is False
     assert report["driver_loaded"] is False and report["backend_loaded"] is False
     assert report["plan"] == "hisparse_hal.vendors.cuda.capabilities"
     assert report["reason"]
+
+
+# ----------------------------------------------------------------------------- no device context, proven here
+#: Driver calls that create or make current a CUDA context (cuInit initialises the driver for them).
+CONTEXT_CALLS = ("cuInit", "cuCtxCreate", "cuDevicePrimaryCtxRetain", "cuCtxPushCurrent")
+
+
+def _context_calls_during_probe(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Probe and select with torch looking like a CUDA 12.8 build, NVML showing three GPUs and libcuda replaced by
+    the simulated driver; the context-creating calls the driver saw and torch's CUDA lazy inits, by name."""
+    from sim_cuda_driver import SimulatedCudaDriver
+
+    from hisparse_hal import probe_backends, select_backend
+    from hisparse_hal.vendors.cuda import driver
+
+    install(monkeypatch, fake_pynvml())
+    simulated = SimulatedCudaDriver()
+    monkeypatch.setattr(driver, "load_libcuda", lambda *args, **kwargs: simulated)
+    lazy_inits = []
+    monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: lazy_inits.append("torch.cuda._lazy_init"))
+    monkeypatch.setattr(torch.cuda, "init", lambda: lazy_inits.append("torch.cuda.init"))
+    result = spec.probe()
+    assert result.available, f"the probe stopped before the vendor code: {result.reason}"
+    results = probe_backends()
+    assert select_backend("cuda", results).chosen is not None
+    counts = {name: len(simulated.calls_to(name)) for name in CONTEXT_CALLS}
+    counts["torch lazy init"] = len(lazy_inits)
+    return counts
+
+
+def _assert_no_context_calls(counts: dict[str, int]) -> None:
+    made = {name: n for name, n in counts.items() if n}
+    assert not made, f"probing and selecting made context-creating calls: {made}"
+
+
+def test_probe_and_selection_on_a_cuda_build_make_no_context_creating_call(
+    monkeypatch: pytest.MonkeyPatch, cuda_torch: None,
+) -> None:
+    counts = _context_calls_during_probe(monkeypatch)
+    assert set(counts) == {*CONTEXT_CALLS, "torch lazy init"}
+    _assert_no_context_calls(counts)
+
+
+def test_context_count_catches_a_probe_that_retains_the_primary_context(
+    monkeypatch: pytest.MonkeyPatch, cuda_torch: None,
+) -> None:
+    """Planted bug: the probe asks the driver for its version and a context (as ``torch.cuda.init()`` would)."""
+    from hisparse_hal.vendors.cuda.driver import CudaDriver
+
+    real_read = spec.read_nvml
+
+    def read_and_touch_the_driver(*args: Any, **kwargs: Any) -> Any:
+        touched = CudaDriver(0)
+        touched.driver_version()
+        touched._primary_context()
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(spec, "read_nvml", read_and_touch_the_driver)
+    with pytest.raises(AssertionError, match="cuDevicePrimaryCtxRetain"):
+        _assert_no_context_calls(_context_calls_during_probe(monkeypatch))

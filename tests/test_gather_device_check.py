@@ -1,51 +1,22 @@
 """The GPU layer's gather checks row ids on the device: no read-back to the host, a bad id reported later.
 
-CPU tensors stand in for device memory (a simulated ROCm backend on the CPU device); a dispatch mode
-fails on every operator that would read a device value back to the host. The last test runs the same
-gather on a real GPU under ``torch.cuda.set_sync_debug_mode("error")`` and is skipped without one.
+CPU tensors stand in for device memory (a simulated ROCm backend on the CPU device); the shared guard of
+``host_sync_guard`` fails on every operator or Tensor method (``.tolist()``, ``.item()``) that would read a
+device value back to the host. The last test runs the same gather on a real GPU under
+``torch.cuda.set_sync_debug_mode("error")`` and is skipped without one.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
+from host_sync_guard import HostSyncError, no_host_sync
 from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from hisparse_hal import gather
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.gather import gather_rows
 from hisparse_hal.vendors.cpu.backend import CpuBackend
-
-aten = torch.ops.aten
-
-#: Operators that read a tensor's value (or a data-dependent size) back to the host.
-HOST_READS = {
-    aten._local_scalar_dense.default,
-    aten.item.default,
-    aten.is_nonzero.default,
-    aten.equal.default,
-    aten.nonzero.default,
-    aten.masked_select.default,
-    aten._unique2.default,
-    aten.unique_consecutive.default,
-    aten.allclose.default,
-}
-
-
-class HostReadGuard(TorchDispatchMode):
-    """Fails on any operator in :data:`HOST_READS`; records every operator seen."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.seen.append(str(func))
-        if func in HOST_READS:
-            raise AssertionError(f"host read-back: {func}")
-        return func(*args, **(kwargs or {}))
 
 
 def _source() -> torch.Tensor:
@@ -60,20 +31,40 @@ def gpu_layer():
 def test_guard_catches_the_host_side_range_check():
     """The guard is not blind: the host-checked gather (what the CPU device uses) trips it."""
     source, out = _source(), torch.empty(2, 16, dtype=torch.uint8)
-    with pytest.raises(AssertionError, match="host read-back"):
-        with HostReadGuard():
+    with pytest.raises(HostSyncError, match="reads (a )?device values? on the host"):
+        with no_host_sync():
             gather_rows(source, out, torch.tensor([1, 2]), check_range=True)
 
 
-@pytest.mark.parametrize("ids", [[3, -1, 31], [3, 32, -5]], ids=["valid_ids", "out_of_range_ids"])
-def test_gpu_layer_gather_reads_nothing_back_to_the_host(gpu_layer, ids):
+def _check_gpu_layer_gather_reads_nothing_back(gpu_layer, ids):
     source, out = _source(), torch.empty(3, 16, dtype=torch.uint8)
     row_ids = torch.tensor(ids)
-    with HostReadGuard() as guard:
+    with no_host_sync() as guard:
         gpu_layer.gather_resident_rows(source, out, row_ids)
     assert "aten.index_select.out" in guard.seen  # the gather ran under the guard
     rows = source.view(-1, 16)
     assert torch.equal(out[0], rows[3])
+
+
+@pytest.mark.parametrize("ids", [[3, -1, 31], [3, 32, -5]], ids=["valid_ids", "out_of_range_ids"])
+def test_gpu_layer_gather_reads_nothing_back_to_the_host(gpu_layer, ids):
+    _check_gpu_layer_gather_reads_nothing_back(gpu_layer, ids)
+
+
+@pytest.mark.parametrize("readback", ["tolist", "item"])
+def test_read_back_check_fails_a_device_check_that_reads_ids_with_a_tensor_method(gpu_layer, monkeypatch, readback):
+    """Planted bug: the device-side range check reads the ids to Python first (never reaching the dispatcher)."""
+    real_clamp = gather._clamp_and_record
+
+    def clamp_after_reading_ids(row_ids, total, block_size, record):
+        ids = row_ids.tolist() if readback == "tolist" else [row_ids[i].item() for i in range(row_ids.numel())]
+        if any(not -1 <= i < total for i in ids):
+            record[0] = 1
+        return real_clamp(row_ids, total, block_size, record)
+
+    monkeypatch.setattr(gather, "_clamp_and_record", clamp_after_reading_ids)
+    with pytest.raises(HostSyncError, match=f"Tensor.{readback} reads a device value on the host"):
+        _check_gpu_layer_gather_reads_nothing_back(gpu_layer, [3, -1, 31])
 
 
 def test_gpu_layer_reports_an_out_of_range_id_through_raise_gather_faults(gpu_layer):

@@ -207,4 +207,4 @@ def test_importing_the_package_loads_neither_the_binding_nor_the_backend(tmp_pat
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[] False"
+    assert out.stdout.strip() == "[] False"  # the False is the GPU-run check (always False on a CPU build)

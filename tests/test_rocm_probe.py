@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from hisparse_hal.vendors.rocm.amdsmi_inventory import read_amdsmi_inventory
 from hisparse_hal.vendors.rocm.kfd_topology import gfx_name, read_kfd_topology
@@ -97,10 +98,21 @@ def test_probe_on_a_cuda_build_of_torch_names_the_cuda_version(tmp_path):
     assert "is a CUDA build (CUDA 13.0), not a ROCm build" in result.reason
 
 
-def test_registered_probe_explains_why_rocm_is_unavailable_on_this_machine():
+def test_registered_probe_reads_torch_build_and_explains_a_cpu_build(monkeypatch):
+    # Patched rather than read from this machine, so the test also holds on a ROCm or CUDA build of torch.
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", None, raising=False)
     result = SPEC.probe()
     assert not result.available
-    assert "not a ROCm build" in result.reason
+    assert result.reason == f"torch {torch.__version__} is a CPU build, not a ROCm build (torch.version.hip is None)"
+
+
+def test_registered_probe_reads_a_cuda_build_from_torch_version(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8", raising=False)
+    result = SPEC.probe()
+    assert not result.available
+    assert "is a CUDA build (CUDA 12.8), not a ROCm build" in result.reason
 
 
 # ----------------------------------------------------------------------------------------- library
@@ -188,12 +200,15 @@ def test_probe_never_initializes_hip_in_a_fresh_process(tmp_path):
         import sys, torch
         from hisparse_hal import probe_backends
         results = {r.name: r for r in probe_backends()}
-        print(results["rocm"].available, torch.cuda.is_initialized(), "hisparse_hal.vendors.rocm.backend" in sys.modules)
+        print(torch.cuda.is_initialized(), "hisparse_hal.vendors.rocm.backend" in sys.modules)
         """
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "False", "False"]
+    # GPU-run check: on a CPU build of torch is_initialized() is False whatever the probe does; on a ROCm
+    # machine (ci/gpu-check.sh) it is the real test. Here the claim is proven against the simulated HIP
+    # runtime by test_probe_on_a_rocm_build_opens_and_calls_no_hip_runtime.
+    assert out.stdout.split() == ["False", "False"]
 
 
 # ----------------------------------------------------------------------------------------- amdsmi
@@ -424,3 +439,68 @@ def test_visibility_uuid_tokens_cannot_be_matched_without_uuids_and_say_so():
     vis = resolve_visible_devices(no_uuid, {"ROCR_VISIBLE_DEVICES": "GPU-1234"})
     assert vis.devices == ()
     assert "cannot be matched: the device source gave no UUIDs" in vis.problems[0]
+
+
+# ----------------------------------------------------------------------------------------- no device context
+def _hip_activity_during_probe(monkeypatch, tmp_path, library=found_library) -> dict[str, int]:
+    """Run the ROCm probe through its vendor code (a ROCm build of torch, a library on disk, simulated amdsmi)
+    with every way into the HIP runtime replaced by the simulated one; what reached it, by name.
+
+    HIP initialises the device (and its primary context) on the first runtime call, so any call counts: the
+    simulated runtime exports no hipInit or hipSetDevice, so opening the library or calling it at all is what
+    is counted, together with torch's lazy init.
+    """
+    import ctypes
+
+    from sim_hip_runtime import SimulatedHipRuntime
+
+    from hisparse_hal.vendors.rocm import hip_runtime
+
+    simulated = SimulatedHipRuntime("7.2.0")
+    opened: list[str] = []
+    real_cdll = ctypes.CDLL
+
+    def recording_cdll(name, *args, **kwargs):
+        if "amdhip64" in str(name):
+            opened.append(str(name))
+            return simulated
+        return real_cdll(name, *args, **kwargs)
+
+    def recording_load(*args, **kwargs):
+        opened.append("load_hip_library")
+        return simulated
+
+    monkeypatch.setattr(ctypes, "CDLL", recording_cdll)
+    monkeypatch.setattr(hip_runtime, "load_hip_library", recording_load)
+    def recording_runtime_load(cls, *args, **kwargs):
+        return cls(recording_load())
+
+    monkeypatch.setattr(hip_runtime.HipRuntime, "load", classmethod(recording_runtime_load))
+    lazy_inits: list[str] = []
+    monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: lazy_inits.append("_lazy_init"))
+    monkeypatch.setattr(torch.cuda, "init", lambda: lazy_inits.append("init"))
+    result = probe_rocm(rocm_inputs(tmp_path, library=library))
+    assert result.available, f"the probe stopped before the vendor code: {result.reason}"
+    return {"libamdhip64 opened": len(opened), "HIP runtime calls": sum(simulated.calls.values()),
+            "torch lazy init": len(lazy_inits)}
+
+
+def _assert_no_hip_activity(counts: dict[str, int]) -> None:
+    made = {name: n for name, n in counts.items() if n}
+    assert not made, f"the ROCm probe reached the HIP runtime (which creates the device context): {made}"
+
+
+def test_probe_on_a_rocm_build_opens_and_calls_no_hip_runtime(monkeypatch, tmp_path):
+    _assert_no_hip_activity(_hip_activity_during_probe(monkeypatch, tmp_path))
+
+
+def test_hip_activity_count_catches_a_probe_that_asks_the_runtime_its_version(monkeypatch, tmp_path):
+    """Planted bug: the library check loads the HIP runtime and calls hipRuntimeGetVersion."""
+    from hisparse_hal.vendors.rocm.hip_runtime import HipRuntime
+
+    def find_and_load():
+        HipRuntime.load().runtime_version()
+        return found_library()
+
+    with pytest.raises(AssertionError, match="HIP runtime calls"):
+        _assert_no_hip_activity(_hip_activity_during_probe(monkeypatch, tmp_path, library=find_and_load))

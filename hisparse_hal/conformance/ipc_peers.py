@@ -54,9 +54,19 @@ def issue_pending_record(backend: Any, event: Any) -> str:
     )
 
 
+#: Seconds the CPU device's delayed swap lands after it is issued (CpuBackend.delay_next_swap).
+HOST_DELAY_S = 1.0
+
+
 def delay_device(backend: Any) -> bool:
-    """Queue a busy kernel of a second or two on the device's current stream, where torch has one
-    (``torch.<device>._sleep``); False on a device whose work is synchronous (host memory)."""
+    """Make the next swap land well after ``record()`` returns: a busy kernel of a second or two on the
+    device's current stream, where torch has one (``torch.<device>._sleep``), or the backend's own
+    ``delay_next_swap(seconds)`` hook (the CPU device, whose host work is otherwise synchronous).
+    False when neither exists."""
+    hook = getattr(backend, "delay_next_swap", None)
+    if callable(hook):
+        hook(HOST_DELAY_S)
+        return True
     sleep = getattr(getattr(torch, backend.device.type, None), "_sleep", None)
     if backend.device.type == "cpu" or not callable(sleep):
         return False

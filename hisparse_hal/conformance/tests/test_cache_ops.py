@@ -99,10 +99,21 @@ def _translate(run: SequenceRun, step: Any, q: int, t: int) -> tuple[int, bool]:
     return (g if g < host_rows else -1), False
 
 
-@pytest.mark.parametrize("seed", range(40))
+#: 40 sequence seeds, the i-th built with ``SHAPES[i % len(SHAPES)]``: 77_000 + i, except where that sequence's first
+#: step sets an error flag (the invariant below does not apply to a flagged step) or reads no host row, so that it
+#: would check nothing; there the next seed of the same shape (+40) that checks entries. The test fails on a seed
+#: that checks no entry.
+INVARIANT_SEEDS = tuple(
+    {12: 77_052, 13: 77_053, 30: 77_070, 31: 77_071, 32: 77_072, 35: 77_075}.get(i, 77_000 + i) for i in range(40)
+)
+
+
+@pytest.mark.parametrize("position", range(len(INVARIANT_SEEDS)))
 def test_after_resolve_and_gather_every_valid_entry_reads_its_host_row_and_stats_count_exactly(backend, cache_ops,
-                                                                                                seed) -> None:
-    sequence = build_sequence(seed + 77_000, SHAPES[seed % len(SHAPES)])
+                                                                                                position) -> None:
+    seed = INVARIANT_SEEDS[position]
+    sequence = build_sequence(seed, SHAPES[position % len(SHAPES)])
+    checked_steps = checked_entries = 0
     with _live(backend, sequence) as run:
         for index, step in enumerate(sequence.steps):
             dgi_before = run.dgi.to("cpu").tolist()
@@ -112,7 +123,7 @@ def test_after_resolve_and_gather_every_valid_entry_reads_its_host_row_and_stats
             run.gather(cache_ops, io)
             synchronize(backend.device)
             if int(run.error_flags.to("cpu").item()):
-                return  # overflow / tripwire sequences are compared with the oracle above, not here
+                break  # overflow / tripwire steps are compared with the oracle above, not here
             hot_rows = run.hot.to("cpu").view(torch.uint8).flatten(0, 1)
             host = run.host.view(torch.uint8)
             hot = io.hot_indices.to("cpu").tolist()
@@ -131,6 +142,7 @@ def test_after_resolve_and_gather_every_valid_entry_reads_its_host_row_and_stats
                         assert hot[r][c] == -1, f"row {r} column {c} (token {t}) has no host row but got {hot[r][c]}"
                         continue
                     assert hot[r][c] >= 0, f"row {r} column {c}: host row {g} was not given a hot row"
+                    checked_entries += 1
                     assert torch.equal(hot_rows[hot[r][c]], host[g]), (
                         f"step {index} row {r} column {c}: hot row {hot[r][c]} does not hold host row {g}")
                     seen = first_rows.setdefault(q, set())
@@ -141,7 +153,12 @@ def test_after_resolve_and_gather_every_valid_entry_reads_its_host_row_and_stats
                     seen.add(g)
             stats = run.stats.view(torch.int64).to("cpu").tolist()
             assert [(stats[i] - stats_before[i]) % 2**64 for i in range(2)] == [hits, misses], f"step {index}"
+            checked_steps += 1
             run.mirror_and_invalidate(cache_ops, step, index)
+    assert checked_steps and checked_entries, (
+        f"build_sequence({seed}) checked {checked_steps} steps and {checked_entries} entries: its first step set an "
+        "error flag or loaded no host row, so this seed tests nothing (pick another in INVARIANT_SEEDS)"
+    )
 
 
 def _fixed_shape(sequence: DecodeSequence) -> DecodeSequence:

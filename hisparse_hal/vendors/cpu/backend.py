@@ -27,6 +27,7 @@ from hisparse_hal.regions import Region, SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
 
 from .byte_copy import SwapMoveReport, move_swap_batch
+from .delayed_work import DelayedWork
 from .graph import (
     CapturedOp,
     CpuGraph,
@@ -74,6 +75,7 @@ class CpuBackend(HiSparseBackend):
         self.page_locker = PageLocker()
         #: How the last executed swap was moved (vectorized / memmove), for tests and benchmarks.
         self.last_swap: SwapMoveReport | None = None
+        self._delayed = DelayedWork()  # empty unless a test arms delay_next_swap
         self._pin_locked = True
         locks, detail = probe_page_lock()
         self._capabilities = with_cache_ops(Capabilities(
@@ -129,6 +131,7 @@ class CpuBackend(HiSparseBackend):
             CaptureMisuseError: while capturing. InvalidArgumentError: not pinned here.
         """
         refuse_while_capturing("unpin_tensor")
+        self._delayed.drain()
         super().unpin_tensor(tensor)
 
     def register_region(self, address: int, size: int, label: str = "", *, device: torch.device | None = None) -> Region:
@@ -168,10 +171,20 @@ class CpuBackend(HiSparseBackend):
         return self._pin_locked
 
     # ----------------------------------------------------------------- swaps and gathers
+    def delay_next_swap(self, seconds: float) -> None:
+        """Test hook (off by default): the next swap lands on a background thread ``seconds`` later, as
+        a GPU copy lands after ``record()`` returns. IPC records wait for it; so do unpinning and the
+        backend's next swap. The conformance IPC tier uses it to catch a ``wait()`` that does not wait.
+        """
+        self._delayed.delay_next(seconds)
+
     def _enqueue_swap(self, batch: SwapBatch) -> None:
         graph = current_graph()
         if graph is None:
-            self.last_swap = move_swap_batch(batch)
+            def move() -> None:
+                self.last_swap = move_swap_batch(batch)
+
+            self._delayed.run(move)
             return
         used = torch.unique(torch.cat([batch.src_region, batch.dst_region])).tolist()
         regions = tuple(batch.regions[i] for i in used)
@@ -267,7 +280,9 @@ class CpuBackend(HiSparseBackend):
             CaptureMisuseError: while capturing.
         """
         refuse_while_capturing("create_ipc_event")
-        return create_event(self.event_timeout_s)
+        event = create_event(self.event_timeout_s)
+        event.host_work = self._delayed
+        return event
 
     def export_event(self, event: HalEvent) -> bytes:
         """Picklable bytes naming the event's shared file, its creator pid and a random token.
@@ -301,4 +316,6 @@ class CpuBackend(HiSparseBackend):
             raise InvalidArgumentError(f"import_event: {device!r} is not a device: {exc}") from None
         if target.type != "cpu":
             raise InvalidArgumentError(f"import_event: the CPU device imports events on 'cpu', got {target}")
-        return import_event(handle, self.event_timeout_s)
+        event = import_event(handle, self.event_timeout_s)
+        event.host_work = self._delayed
+        return event

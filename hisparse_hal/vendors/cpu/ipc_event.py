@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError
 from hisparse_hal.settings import EVENT_TIMEOUT_ENV
 
+from .delayed_work import DelayedWork
 from .graph import refuse_while_capturing
 
 __all__ = ["CpuIpcEvent", "create_event", "import_event", "sweep_stale_events"]
@@ -147,6 +148,8 @@ class CpuIpcEvent:
             "token": token, "pid": creator_pid, "process": creator_process,
         }).encode()
         self._path = os.path.join(directory, name)
+        #: The backend's delayed host work (set by CpuBackend), which a record completes behind.
+        self.host_work: DelayedWork | None = None
         self._finalizer = weakref.finalize(self, _release, fd, self._path if owner else None, os.getpid())
 
     def __repr__(self) -> str:
@@ -171,7 +174,11 @@ class CpuIpcEvent:
             CaptureMisuseError: while capturing. InvalidArgumentError: a stream, or a closed event.
         """
         self._usable("record", stream)
-        self._record.complete(self._record.issue())
+        sequence = self._record.issue()
+        if self.host_work is None:
+            self._record.complete(sequence)
+        else:  # completes behind host work a delay left in flight (CpuBackend.delay_next_swap), at once if none
+            self.host_work.after(lambda: self._record.complete(sequence))
 
     def query(self) -> bool:
         """True when every record issued so far has completed."""
