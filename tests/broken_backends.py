@@ -23,10 +23,26 @@ from hisparse_hal.vendors.cpu.backend import CpuBackend
 from hisparse_hal.vendors.cpu.byte_copy import move_swap_batch
 from hisparse_hal.vendors.cpu.graph import current_graph, refuse_while_capturing
 
-__all__ = ["BROKEN", "MUST_FAIL", "SwapOneByteShort", "SwapDropsLastDescriptorOfChunk", "GatherConvertsValues", "GatherMinusOneReadsLastRow",
-           "PinWithoutRollback", "CaptureRunsImmediately", "CapturingAlwaysFalse", "IpcWaitReturnsAtOnce", "UnstableCapabilities", "DeviceNoTensorReports",
-           "ConfigAcceptsNonPositiveSizes", "StatsCounterNotZeroed", "CacheOpsCountDuplicatesAsMisses",
-           "CacheOpsMissesDoNotSpill", "CacheOpsLruHitsBeforeFills", "SwapCrashesTheProcess"]
+__all__ = [
+    "BROKEN",
+    "MUST_FAIL",
+    "SwapOneByteShort",
+    "SwapDropsLastDescriptorOfChunk",
+    "GatherConvertsValues",
+    "GatherMinusOneReadsLastRow",
+    "PinWithoutRollback",
+    "CaptureRunsImmediately",
+    "CapturingAlwaysFalse",
+    "IpcWaitReturnsAtOnce",
+    "UnstableCapabilities",
+    "DeviceNoTensorReports",
+    "ConfigAcceptsNonPositiveSizes",
+    "StatsCounterNotZeroed",
+    "CacheOpsCountDuplicatesAsMisses",
+    "CacheOpsMissesDoNotSpill",
+    "CacheOpsLruHitsBeforeFills",
+    "SwapCrashesTheProcess",
+]
 
 
 class SwapOneByteShort(CpuBackend):
@@ -46,7 +62,14 @@ class SwapDropsLastDescriptorOfChunk(CpuBackend):
     def _enqueue_swap(self, batch: SwapBatch) -> None:
         for chunk in batch.chunks(8192):
             if chunk.count == 8192:
-                chunk = SwapBatch(chunk.src[:-1], chunk.dst[:-1], chunk.sizes[:-1], chunk.src_region[:-1], chunk.dst_region[:-1], chunk.regions)
+                chunk = SwapBatch(
+                    chunk.src[:-1],
+                    chunk.dst[:-1],
+                    chunk.sizes[:-1],
+                    chunk.src_region[:-1],
+                    chunk.dst_region[:-1],
+                    chunk.regions,
+                )
             super()._enqueue_swap(chunk)
 
 

@@ -60,7 +60,16 @@ def test_conformance_passes_on_the_cpu_reference_device(tmp_path):
         if test["outcome"] == "skipped":
             assert test["reason"].strip(), f"{test['id']} was skipped without a reason"
     table = (tmp_path / "report" / "summary.md").read_text()
-    for title in ("Probe", "Swaps", "Gathers", "Pinning", "KV config and views", "Stats", "Graph capture", "IPC events"):
+    for title in (
+        "Probe",
+        "Swaps",
+        "Gathers",
+        "Pinning",
+        "KV config and views",
+        "Stats",
+        "Graph capture",
+        "IPC events",
+    ):
         assert f"| {title} | PASS |" in table
     assert f"| **Total** | **PASS** | {summary['passed']} | 0 |" in table
 
@@ -86,7 +95,9 @@ def test_conformance_fails_a_broken_backend_in_its_area(tmp_path, name):
 
 
 def test_a_failed_probe_tier_skips_the_rest_with_a_reason_under_xdist(tmp_path):
-    done, doc = _conformance(tmp_path, "--factory", "broken_backends:UnstableCapabilities", "-n", "2", "-k", "probe or stats or gathers")
+    done, doc = _conformance(
+        tmp_path, "--factory", "broken_backends:UnstableCapabilities", "-n", "2", "-k", "probe or stats or gathers"
+    )
     assert done.returncode == 1, _tail(done)
     assert doc is not None, _tail(done)
     areas = _by_area(doc)
@@ -145,12 +156,21 @@ id = "test_gathers.py::test_gather_reads_row_zero_for_minus_one_ids"
 status = "xfail"
 reason = "planted: -1 reads the last row"
 """)
-    args = ("--factory", "broken_backends:GatherMinusOneReadsLastRow", "--expectations", str(path), "-k", "reads_row_zero")
+    args = (
+        "--factory",
+        "broken_backends:GatherMinusOneReadsLastRow",
+        "--expectations",
+        str(path),
+        "-k",
+        "reads_row_zero",
+    )
     done, doc = _conformance(tmp_path, *args)
     assert done.returncode == 0, _tail(done)
     assert doc is not None, _tail(done)
     assert doc["summary"]["xfailed"] == 2 and doc["summary"]["failed"] == 0
-    stale = _expectations(tmp_path, path.read_text() + '\n[[expectations]]\nid = "test_gone.py"\nstatus = "skip"\nreason = "stale"\n')
+    stale = _expectations(
+        tmp_path, path.read_text() + '\n[[expectations]]\nid = "test_gone.py"\nstatus = "skip"\nreason = "stale"\n'
+    )
     done, doc = _conformance(tmp_path, *args[:2], "--expectations", str(stale), "-k", "reads_row_zero", "--strict")
     assert done.returncode != 0, _tail(done)
     assert doc is not None, _tail(done)
@@ -183,7 +203,9 @@ def test_a_bad_factory_fails_clearly(tmp_path, factory, message):
 
 
 def test_a_backend_that_crashes_the_process_is_reported_in_the_test_that_crashed_and_the_run_resumes(tmp_path):
-    done, doc = _conformance(tmp_path, "--factory", "broken_backends:SwapCrashesTheProcess", "-k", "test_stats or test_swap_batch_of_n")
+    done, doc = _conformance(
+        tmp_path, "--factory", "broken_backends:SwapCrashesTheProcess", "-k", "test_stats or test_swap_batch_of_n"
+    )
     assert done.returncode == 1, _tail(done)
     assert "the test process died" in done.stderr and "resuming" in done.stderr
     assert doc is not None, _tail(done)

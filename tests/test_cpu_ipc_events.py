@@ -83,7 +83,9 @@ def test_export_gives_picklable_bytes_naming_the_event_its_creator_and_a_token(b
 
 
 def test_import_in_the_exporting_process_is_rejected(backend, event):
-    with pytest.raises(InvalidArgumentError, match="exported by this same process; .* only be imported in another process"):
+    with pytest.raises(
+        InvalidArgumentError, match="exported by this same process; .* only be imported in another process"
+    ):
         backend.import_event(torch.device("cpu"), backend.export_event(event))
 
 
@@ -96,10 +98,24 @@ def test_import_in_the_exporting_process_is_rejected(backend, event):
         (b"[1, 2]", r"handle kind 'list' is not 'hisparse-hal/cpu-ipc-event'"),
         (json.dumps({"kind": "other"}).encode(), r"handle kind 'other' is not"),
         (json.dumps({"kind": ipc_event.HANDLE_KIND, "version": 99}).encode(), r"handle version 99 is not 1"),
-        (json.dumps({"kind": ipc_event.HANDLE_KIND, "version": 1, "dir": "/dev/shm"}).encode(),
-         r"handle field 'name' is missing or not a str"),
-        (json.dumps({"kind": ipc_event.HANDLE_KIND, "version": 1, "dir": "/etc", "name": "../etc/passwd",
-                     "token": "0" * 32, "pid": 1, "process": "0" * 32}).encode(), r"handle names '/etc'/'../etc/passwd', which is not a CPU IPC event"),
+        (
+            json.dumps({"kind": ipc_event.HANDLE_KIND, "version": 1, "dir": "/dev/shm"}).encode(),
+            r"handle field 'name' is missing or not a str",
+        ),
+        (
+            json.dumps(
+                {
+                    "kind": ipc_event.HANDLE_KIND,
+                    "version": 1,
+                    "dir": "/etc",
+                    "name": "../etc/passwd",
+                    "token": "0" * 32,
+                    "pid": 1,
+                    "process": "0" * 32,
+                }
+            ).encode(),
+            r"handle names '/etc'/'../etc/passwd', which is not a CPU IPC event",
+        ),
     ],
     ids=["str", "undecodable", "gpu_handle", "json_list", "wrong_kind", "wrong_version", "missing_field", "bad_name"],
 )
@@ -115,7 +131,9 @@ def test_import_rejects_a_token_that_does_not_match_the_file(backend, event):
         backend.import_event("cpu", json.dumps(fields).encode())
 
 
-@pytest.mark.parametrize("device, message", [("meta", "imports events on 'cpu', got meta"), ("nonsense", "'nonsense' is not a device")])
+@pytest.mark.parametrize(
+    "device, message", [("meta", "imports events on 'cpu', got meta"), ("nonsense", "'nonsense' is not a device")]
+)
 def test_import_rejects_a_non_cpu_device(backend, event, device, message):
     with pytest.raises(InvalidArgumentError, match=message):
         backend.import_event(device, backend.export_event(event))
@@ -165,10 +183,14 @@ def test_pending_record_makes_waits_time_out_with_what_they_waited_for(event):
     event._issue_pending()
     assert not event.query()
     start = time.monotonic()
-    with pytest.raises(EventTimeoutError, match=r"wait on CPU IPC event .* timed out after 0.2 s waiting for record #1 \(completed: #0"):
+    with pytest.raises(
+        EventTimeoutError, match=r"wait on CPU IPC event .* timed out after 0.2 s waiting for record #1 \(completed: #0"
+    ):
         event.wait()
     assert time.monotonic() - start < 2
-    with pytest.raises(EventTimeoutError, match=r"synchronize .* timed out after 0.1 s .* raise HISPARSE_HAL_EVENT_TIMEOUT_S"):
+    with pytest.raises(
+        EventTimeoutError, match=r"synchronize .* timed out after 0.1 s .* raise HISPARSE_HAL_EVENT_TIMEOUT_S"
+    ):
         event.synchronize(timeout=0.1)
     event.record()  # record #2 completes, and with it everything before
     event.wait()
@@ -182,7 +204,9 @@ def test_importer_waiting_on_a_closed_exporter_fails_fast(backend):
     created._issue_pending()
     created.close()
     start = time.monotonic()
-    with pytest.raises(EventTimeoutError, match=r"exporting process \(pid \d+\) exited or closed the event with record #1 pending"):
+    with pytest.raises(
+        EventTimeoutError, match=r"exporting process \(pid \d+\) exited or closed the event with record #1 pending"
+    ):
         imported.wait()
     assert time.monotonic() - start < 5
     imported.close()
@@ -229,7 +253,10 @@ def test_event_timeout_comes_from_the_environment(monkeypatch):
     assert created.timeout_s == 2.5
     created.close()
     monkeypatch.setenv("HISPARSE_HAL_EVENT_TIMEOUT_S", "soon")
-    with pytest.raises(InvalidArgumentError, match="HISPARSE_HAL_EVENT_TIMEOUT_S must be a positive, finite number of seconds, got 'soon'"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match="HISPARSE_HAL_EVENT_TIMEOUT_S must be a positive, finite number of seconds, got 'soon'",
+    ):
         CpuBackend()
     monkeypatch.setenv("HISPARSE_HAL_EVENT_TIMEOUT_S", "inf")
     with pytest.raises(InvalidArgumentError, match="finite number of seconds, got 'inf'"):
@@ -267,7 +294,9 @@ def _consumer(handle: bytes, pool_path: str, conn, backend_class: str = "CpuBack
 def _exchange(backend: CpuBackend, tmp_path, cycles: int, consumer_class: str = "CpuBackend",
               delay_every: int = DELAY_EVERY, delay_s: float = DELAY_S) -> tuple:
     """Produce ``cycles`` patterns into a pool shared with a spawned consumer; what the consumer reported."""
-    pool_path = f"/dev/shm/hisparse-hal-test-pool-{os.getpid()}" if os.path.isdir("/dev/shm") else str(tmp_path / "pool")
+    pool_path = (
+        f"/dev/shm/hisparse-hal-test-pool-{os.getpid()}" if os.path.isdir("/dev/shm") else str(tmp_path / "pool")
+    )
     with open(pool_path, "wb") as f:
         f.write(bytes(POOL_BYTES))
     event = backend.create_ipc_event()
@@ -358,7 +387,10 @@ def test_waiting_on_an_exporter_that_died_ends_in_a_clear_error_in_bounded_time(
         process.join(30)
         assert process.exitcode == 0
         start = time.monotonic()
-        with pytest.raises(EventTimeoutError, match=r"exporting process \(pid \d+\) exited or closed the event with record #1 pending .* never complete"):
+        with pytest.raises(
+            EventTimeoutError,
+            match=r"exporting process \(pid \d+\) exited or closed the event with record #1 pending .* never complete",
+        ):
             pending.wait()
         assert time.monotonic() - start < 5
         assert not os.path.exists(_event_path(pending_handle))  # the importer removed the stale file
@@ -394,7 +426,9 @@ def test_waiting_on_a_live_exporters_unfinished_record_times_out_and_closed_even
             backend.import_event("cpu", closed_handle)
         pending = backend.import_event("cpu", pending_handle)
         pending.timeout_s = 0.3
-        with pytest.raises(EventTimeoutError, match=r"timed out after 0.3 s waiting for record #1 \(completed: #0, exporter pid \d+\)"):
+        with pytest.raises(
+            EventTimeoutError, match=r"timed out after 0.3 s waiting for record #1 \(completed: #0, exporter pid \d+\)"
+        ):
             pending.wait()
         pending.close()
         parent.send("exit")

@@ -243,7 +243,10 @@ def test_failed_lock_is_undone_without_unlocking_a_neighbours_shared_page():
 def test_pin_rejects_a_tensor_pinned_twice(backend):
     tensor = torch.zeros(PAGE, dtype=torch.uint8)
     backend.pin_tensor(tensor)
-    with pytest.raises(InvalidArgumentError, match=r"pin_tensor: tensor at 0x[0-9a-f]+ \(4096 bytes\) is already pinned; unpin it first"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"pin_tensor: tensor at 0x[0-9a-f]+ \(4096 bytes\) is already pinned; unpin it first",
+    ):
         backend.pin_tensor(tensor)
     assert len(backend.pinned_registrations()) == 1
     backend.unpin_tensor(tensor)
@@ -259,7 +262,9 @@ def test_pin_rejects_a_view_overlapping_a_pinned_tensor(backend):
 
 
 def test_unpin_rejects_a_tensor_that_was_not_pinned(backend):
-    with pytest.raises(InvalidArgumentError, match=r"unpin_tensor: tensor at 0x[0-9a-f]+ \(64 bytes\) was not pinned by backend 'cpu'"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"unpin_tensor: tensor at 0x[0-9a-f]+ \(64 bytes\) was not pinned by backend 'cpu'"
+    ):
         backend.unpin_tensor(torch.zeros(64, dtype=torch.uint8))
 
 

@@ -32,7 +32,11 @@ def fake_pynvml(
     init_error: str | None = None,
 ) -> types.ModuleType:
     """A stand-in for ``pynvml`` that records init/shutdown."""
-    gpus = gpus if gpus is not None else [("NVIDIA H200", (9, 0)), ("NVIDIA A100-SXM4-80GB", (8, 0)), ("NVIDIA L40S", (8, 9))]
+    gpus = (
+        gpus
+        if gpus is not None
+        else [("NVIDIA H200", (9, 0)), ("NVIDIA A100-SXM4-80GB", (8, 0)), ("NVIDIA L40S", (8, 9))]
+    )
     module: Any = types.ModuleType("pynvml")  # a stand-in whose attributes are set below
     state: dict[str, Any] = {"init": 0, "shutdown": 0}
     module.state = state
@@ -98,7 +102,9 @@ def test_probe_explains_an_nvml_failure(monkeypatch: pytest.MonkeyPatch, cuda_to
     install(monkeypatch, fake_pynvml(init_error="Driver Not Loaded"))
     result = spec.probe()
     assert not result.available
-    assert result.reason == "NVML could not read the GPUs (FakeNvmlError: Driver Not Loaded); is the NVIDIA driver loaded?"
+    assert (
+        result.reason == "NVML could not read the GPUs (FakeNvmlError: Driver Not Loaded); is the NVIDIA driver loaded?"
+    )
 
 
 def test_probe_reports_devices_archs_and_versions(monkeypatch: pytest.MonkeyPatch, cuda_torch: None) -> None:
@@ -115,12 +121,20 @@ def test_probe_reports_devices_archs_and_versions(monkeypatch: pytest.MonkeyPatc
     assert facts["nvidia_driver"] == "570.86.15"
     assert facts["archs"] == ["sm_80", "sm_89", "sm_90"]
     assert [d["name"] for d in facts["devices"]] == ["NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S"]
-    assert facts["devices"][0] == {"index": 0, "nvml_index": 0, "name": "NVIDIA H200", "arch": "sm_90", "uuid": UUIDS[0]}
+    assert facts["devices"][0] == {
+        "index": 0,
+        "nvml_index": 0,
+        "name": "NVIDIA H200",
+        "arch": "sm_90",
+        "uuid": UUIDS[0],
+    }
     assert nvml.state == {"init": 1, "shutdown": 1}
     json.dumps(facts)  # facts are JSON-ready for `hisparse-hal info --json`
 
 
-def test_probe_honours_cuda_visible_devices_indices_and_uuids(monkeypatch: pytest.MonkeyPatch, cuda_torch: None) -> None:
+def test_probe_honours_cuda_visible_devices_indices_and_uuids(
+    monkeypatch: pytest.MonkeyPatch, cuda_torch: None
+) -> None:
     install(monkeypatch, fake_pynvml())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-aaaa")
     facts = spec.probe().facts
@@ -129,7 +143,9 @@ def test_probe_honours_cuda_visible_devices_indices_and_uuids(monkeypatch: pytes
 
 
 @pytest.mark.parametrize("value", ["", "-1", "7", "GPU-ffff"])
-def test_probe_explains_that_cuda_visible_devices_hides_every_gpu(monkeypatch: pytest.MonkeyPatch, cuda_torch: None, value: str) -> None:
+def test_probe_explains_that_cuda_visible_devices_hides_every_gpu(
+    monkeypatch: pytest.MonkeyPatch, cuda_torch: None, value: str
+) -> None:
     nvml = fake_pynvml()
     install(monkeypatch, nvml)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
@@ -154,7 +170,9 @@ def test_probe_explains_a_driver_older_than_cuda_12(monkeypatch: pytest.MonkeyPa
     assert result.facts["driver_version"] == 11080
 
 
-def test_probe_explains_a_driver_older_than_torchs_cuda_major(monkeypatch: pytest.MonkeyPatch, cuda_torch: None) -> None:
+def test_probe_explains_a_driver_older_than_torchs_cuda_major(
+    monkeypatch: pytest.MonkeyPatch, cuda_torch: None
+) -> None:
     monkeypatch.setattr(torch.version, "cuda", "13.0", raising=False)
     install(monkeypatch, fake_pynvml(driver=12090))
     result = spec.probe()
@@ -162,7 +180,9 @@ def test_probe_explains_a_driver_older_than_torchs_cuda_major(monkeypatch: pytes
     assert "is built for CUDA 13.0 but the driver only supports CUDA 12.9" in result.reason
 
 
-def test_probe_accepts_an_older_minor_driver_of_the_same_major(monkeypatch: pytest.MonkeyPatch, cuda_torch: None) -> None:
+def test_probe_accepts_an_older_minor_driver_of_the_same_major(
+    monkeypatch: pytest.MonkeyPatch, cuda_torch: None
+) -> None:
     install(monkeypatch, fake_pynvml(driver=12040))  # minor-version compatibility: torch cu128 on a 12.4 driver
     result = spec.probe()
     assert result.available and "driver CUDA 12.4, torch CUDA 12.8" in result.reason
@@ -201,7 +221,9 @@ def test_import_and_probe_create_no_cuda_context_and_load_no_driver_binding(tmp_
         "  'backend_loaded': 'hisparse_hal.vendors.cuda.backend' in sys.modules,\n"
         "  'reason': p.reason, 'plan': cuda.plan_capabilities.__module__}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True
+    )
     report = json.loads(out.stdout.strip().splitlines()[-1])
     # GPU-run check: always False on a CPU build of torch, where the probe stops at "CPU build"; it is the real
     # test on a CUDA machine (ci/gpu-check.sh). Here the claim is proven against the simulated driver below.

@@ -416,7 +416,9 @@ def test_visibility_rocr_stops_at_a_repeated_device():
 def test_visibility_hip_skips_a_repeated_index_but_stops_at_an_invalid_one():
     vis = resolve_visible_devices(FOUR, {"HIP_VISIBLE_DEVICES": "1,1,01,2"})
     assert [d.index for d in vis.devices] == [1]
-    assert vis.problems == ("HIP_VISIBLE_DEVICES token '01' is not a decimal device index; it and later tokens are ignored",)
+    assert vis.problems == (
+        "HIP_VISIBLE_DEVICES token '01' is not a decimal device index; it and later tokens are ignored",
+    )
 
 
 def test_visibility_hip_minus_one_hides_every_gpu():

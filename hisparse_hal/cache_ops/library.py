@@ -64,8 +64,8 @@ def implementation_for(device: torch.device) -> ModuleType:
 
     What ``selection.choose_cache_ops`` picks: ``host_impl`` on CPU unless overridden, Triton or torch on a
     GPU device (CUDA, or HIP, which torch also calls ``cuda``). Cached per device: the choice depends on the
-    device, the installed packages and ``HISPARSE_HAL_CACHE_OPS``, never on tensor values (``implementation_for.cache_clear()``
-    after changing the variable).
+    device, the installed packages and ``HISPARSE_HAL_CACHE_OPS``, never on tensor values
+    (``implementation_for.cache_clear()`` after changing the variable).
 
     Args:
         device: the device of the op's tensors.

@@ -153,7 +153,9 @@ def _event_importer(backend: Any, conn: Connection) -> None:
             return
 
 
-def _pool_producer(backend: Any, conn: Connection, peer: Connection, pool: torch.Tensor, cycles: int, size: int, delay_first: bool) -> None:
+def _pool_producer(
+    backend: Any, conn: Connection, peer: Connection, pool: torch.Tensor, cycles: int, size: int, delay_first: bool
+) -> None:
     from .arenas import device_caches
 
     backend.pin_tensor(pool)
@@ -186,7 +188,9 @@ def _pool_producer(backend: Any, conn: Connection, peer: Connection, pool: torch
         backend.unpin_tensor(pool)
 
 
-def _pool_consumer(backend: Any, conn: Connection, peer: Connection, pool: torch.Tensor, cycles: int, size: int) -> None:
+def _pool_consumer(
+    backend: Any, conn: Connection, peer: Connection, pool: torch.Tensor, cycles: int, size: int
+) -> None:
     kind, handle = _recv(peer, "producer handle")
     event = backend.import_event(backend.device, handle)
     peer.send(("ready",))
@@ -246,7 +250,10 @@ class Peer:
         self.name = name or role
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=peer_main, args=(recipe, role, child, params or {}, env or {}), name=f"hisparse-conformance-{self.name}", daemon=True
+            target=peer_main,
+            args=(recipe, role, child, params or {}, env or {}),
+            name=f"hisparse-conformance-{self.name}",
+            daemon=True,
         )
         self.process.start()
         child.close()
@@ -273,7 +280,9 @@ class Peer:
             msg = self.conn.recv()
         except (EOFError, OSError):
             self.process.join(5)
-            raise AssertionError(f"peer {self.name} exited (code {self.process.exitcode}) before sending {kind!r}") from None
+            raise AssertionError(
+                f"peer {self.name} exited (code {self.process.exitcode}) before sending {kind!r}"
+            ) from None
         if msg.get("kind") == "error":
             raise AssertionError(f"peer {self.name} failed: {msg['error']}\n--- peer traceback ---\n{msg['traceback']}")
         if msg.get("kind") != kind:

@@ -89,7 +89,9 @@ def test_probing_and_selecting_create_no_device_context(isolated_probe):
 
 def test_importing_the_backend_module_creates_no_device_context(isolated_probe):
     assert isolated_probe["imported"], "the backend module was not imported"
-    assert isolated_probe["after_import"] is False, f"importing {isolated_probe['imported']} initialized a device context"
+    assert isolated_probe["after_import"] is False, (
+        f"importing {isolated_probe['imported']} initialized a device context"
+    )
 
 
 def test_the_backend_under_test_is_selected_with_a_reason(backend_recipe, backend):
@@ -98,7 +100,9 @@ def test_the_backend_under_test_is_selected_with_a_reason(backend_recipe, backen
     selection = select_backend(backend_recipe.registry_name)
     assert selection.chosen is not None and selection.chosen.available
     assert selection.chosen.reason.strip() and backend_recipe.registry_name in selection.explanation
-    assert backend.name == backend_recipe.registry_name, f"backend registered as {backend_recipe.registry_name!r} calls itself {backend.name!r}"
+    assert backend.name == backend_recipe.registry_name, (
+        f"backend registered as {backend_recipe.registry_name!r} calls itself {backend.name!r}"
+    )
     backend.check_available()
 
 
@@ -125,7 +129,9 @@ def test_capabilities_are_a_stable_value(backend):
 def test_capabilities_are_consistent(backend):
     caps = backend.capabilities
     assert caps.batch_copy in ("native", "loop")
-    assert caps.max_batch_descriptors is None or (isinstance(caps.max_batch_descriptors, int) and caps.max_batch_descriptors >= 1)
+    assert caps.max_batch_descriptors is None or (
+        isinstance(caps.max_batch_descriptors, int) and caps.max_batch_descriptors >= 1
+    )
     assert caps.ipc_event_max_cycles is None or caps.ipc_event_max_cycles >= 1
     assert isinstance(caps.kv_formats, frozenset) and caps.kv_formats <= KV_FORMATS
     assert caps.stats_dtype in (torch.uint64, torch.int64)
@@ -162,7 +168,9 @@ def test_declared_ipc_events_match_behaviour(backend, capabilities):
     for member in ("record", "wait", "query", "synchronize"):
         assert callable(getattr(event, member, None)), f"IPC event lacks {member}()"
     handle = backend.export_event(event)
-    assert isinstance(handle, bytes) and handle, f"export_event must return non-empty bytes, got {type(handle).__name__}"
+    assert isinstance(handle, bytes) and handle, (
+        f"export_event must return non-empty bytes, got {type(handle).__name__}"
+    )
     assert pickle.loads(pickle.dumps(handle)) == handle
     event.record()
     event.synchronize()
@@ -187,4 +195,6 @@ def test_declared_max_batch_descriptors_is_honoured(backend, memory, capabilitie
     (cache,) = memory.enter_context(device_caches(backend, 1, count))
     pool = memory.enter_context(pinned_host_pool(backend, count))
     offsets = torch.arange(count)
-    backend.swap_blocks_batch(cache.address + offsets, pool.address + offsets.flip(0), torch.ones(count, dtype=torch.int64))
+    backend.swap_blocks_batch(
+        cache.address + offsets, pool.address + offsets.flip(0), torch.ones(count, dtype=torch.int64)
+    )

@@ -134,7 +134,9 @@ class CpuBackend(HiSparseBackend):
         self._delayed.drain()
         super().unpin_tensor(tensor)
 
-    def register_region(self, address: int, size: int, label: str = "", *, device: torch.device | None = None) -> Region:
+    def register_region(
+        self, address: int, size: int, label: str = "", *, device: torch.device | None = None
+    ) -> Region:
         """Make a host range a swap source or destination (see the base class).
 
         Raises:

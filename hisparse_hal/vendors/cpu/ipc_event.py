@@ -310,7 +310,11 @@ def _parse_handle(handle: object) -> dict:
     for key, kind in expected.items():
         if not isinstance(fields.get(key), kind):
             raise InvalidArgumentError(f"import_event: handle field {key!r} is missing or not a {kind.__name__}")
-    if not _NAME.match(fields["name"]) or not os.path.isabs(fields["dir"]) or not re.fullmatch(r"[0-9a-f]{32}", fields["token"]):
+    if (
+        not _NAME.match(fields["name"])
+        or not os.path.isabs(fields["dir"])
+        or not re.fullmatch(r"[0-9a-f]{32}", fields["token"])
+    ):
         raise InvalidArgumentError(
             f"import_event: handle names {fields['dir']!r}/{fields['name']!r}, which is not a CPU IPC event"
         )

@@ -3,7 +3,8 @@
 What is ROCm's own: the HIP runtime binding and its capability plan, the device alias of every host
 registration (which the shared layer's ``device_addresses`` hands kernels), KV formats per gfx
 architecture, graph capture gated on the HIP version, and IPC events that stop at ROCm 7.2's cycle limit.
-Invariant: runtime copies take host addresses (the HIP runtime resolves registered host pointers); only kernels need the device alias (SGLang #35233).
+Invariant: runtime copies take host addresses (the HIP runtime resolves registered host pointers); only kernels
+need the device alias (SGLang #35233).
 """
 
 from __future__ import annotations
