@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from poisoned_outputs import ResolveOutputs
 
 from hisparse_hal.cache_ops import oracle
 from hisparse_hal.cache_ops.sequences import (
@@ -25,20 +26,6 @@ from hisparse_hal.cache_ops.sequences import (
 from hisparse_hal.errors import InvalidArgumentError
 
 I32 = torch.int32
-
-
-class Outputs:
-    """Poisoned outputs of one resolve call over ``rows`` rows of top-k ``top_k``."""
-
-    def __init__(self, rows: int, top_k: int) -> None:
-        self.hot = torch.full((rows, top_k), POISON, dtype=I32)
-        self.attention = self.hot.clone()
-        self.miss_mask = self.hot.clone()
-        self.resolved = self.hot.clone()
-        self.swap_host = self.hot.clone()
-        self.swap_device = self.hot.clone()
-        self.valid_counts = torch.full((rows,), POISON, dtype=I32)
-        self.swap_counts = self.valid_counts.clone()
 
 
 class Model:
@@ -60,8 +47,8 @@ class Model:
         self.flags = torch.zeros(1, dtype=I32)
         self.attention_block_stride = attention_block_stride or block
 
-    def step(self, topk: list[list[int]], request_ids: list[int]) -> Outputs:
-        out = Outputs(len(topk), self.top_k)
+    def step(self, topk: list[list[int]], request_ids: list[int]) -> ResolveOutputs:
+        out = ResolveOutputs(len(topk), self.top_k)
         oracle.resolve_residency(
             self.host, self.hot_cache, self.hot_table, torch.tensor(topk, dtype=I32), out.hot, self.dgi, self.lru,
             self.states, self.hot_size, self.union, out.miss_mask, self.stats, out.attention,
@@ -471,7 +458,7 @@ def test_shapes_cover_top_k_one_block_size_one_and_mtp_runs() -> None:
 
 def _resolve_args(**overrides: Any) -> dict[str, Any]:
     model = example_a()
-    out = Outputs(2, 3)
+    out = ResolveOutputs(2, 3)
     args = {
         "host_cache": model.host,
         "hot_cache": model.hot_cache,

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from host_sync_guard import HostSyncError, no_host_sync
+from poisoned_outputs import ResolveOutputs
 
 from hisparse_hal.cache_ops import oracle, torch_impl
 from hisparse_hal.cache_ops.sequences import POISON as POISON_SEQ
@@ -22,20 +23,6 @@ POISON = -999
 # --------------------------------------------------------------------------------------------------------------
 # Worked examples of docs/design/cache-ops.md (research §2.7 and §2.8), with the expected values written out.
 # --------------------------------------------------------------------------------------------------------------
-
-
-class _Step:
-    """Poisoned outputs of one resolve call over ``rows`` batch rows of top-k ``top_k``."""
-
-    def __init__(self, rows: int, top_k: int) -> None:
-        self.hot = torch.full((rows, top_k), POISON, dtype=I32)
-        self.attention = self.hot.clone()
-        self.miss_mask = self.hot.clone()
-        self.resolved = self.hot.clone()
-        self.swap_host = self.hot.clone()
-        self.swap_device = self.hot.clone()
-        self.valid_counts = torch.full((rows,), POISON, dtype=I32)
-        self.swap_counts = self.valid_counts.clone()
 
 
 class _ExampleA:
@@ -57,8 +44,8 @@ class _ExampleA:
         self.stats = torch.zeros(2, dtype=torch.uint64)
         self.flags = torch.zeros(1, dtype=I32)
 
-    def step(self, topk: list[list[int]]) -> _Step:
-        out = _Step(2, self.top_k)
+    def step(self, topk: list[list[int]]) -> ResolveOutputs:
+        out = ResolveOutputs(2, self.top_k, POISON)
         torch_impl.resolve_residency(
             self.host, self.hot_cache, self.hot_block_table, torch.tensor(topk, dtype=I32), out.hot, self.dgi,
             self.lru, self.state_of_request, self.hot_size, 3, out.miss_mask, self.stats, out.attention, 4,
@@ -109,8 +96,8 @@ def test_resolve_example_a_three_steps_keep_hits_and_rotate_lru() -> None:
     assert _stats(example.stats) == [5, 11]
 
 
-def _example_b_step(state: dict[str, torch.Tensor], topk: list[list[int]]) -> _Step:
-    out = _Step(3, 3)
+def _example_b_step(state: dict[str, torch.Tensor], topk: list[list[int]]) -> ResolveOutputs:
+    out = ResolveOutputs(3, 3, POISON)
     torch_impl.resolve_residency(
         state["host"], state["hot"], torch.tensor([[6, 7, 8]], dtype=I32), torch.tensor(topk, dtype=I32), out.hot,
         state["dgi"], state["lru"], torch.tensor([1], dtype=I32), 9, 6, out.miss_mask, state["stats"], None, 0,

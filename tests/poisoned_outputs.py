@@ -1,0 +1,24 @@
+"""Poisoned resolve outputs for the cache-ops tests: every output starts as a value no op writes, so an
+entry the op must leave alone is seen to be left alone."""
+
+from __future__ import annotations
+
+import torch
+
+from hisparse_hal.cache_ops.sequences import POISON
+
+__all__ = ["ResolveOutputs"]
+
+
+class ResolveOutputs:
+    """The outputs of one resolve call over ``rows`` batch rows of top-k ``top_k``, each filled with ``poison``."""
+
+    def __init__(self, rows: int, top_k: int, poison: int = POISON) -> None:
+        self.hot = torch.full((rows, top_k), poison, dtype=torch.int32)
+        self.attention = self.hot.clone()
+        self.miss_mask = self.hot.clone()
+        self.resolved = self.hot.clone()
+        self.swap_host = self.hot.clone()
+        self.swap_device = self.hot.clone()
+        self.valid_counts = torch.full((rows,), poison, dtype=torch.int32)
+        self.swap_counts = self.valid_counts.clone()
