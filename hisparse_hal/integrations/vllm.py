@@ -110,8 +110,7 @@ def _implementations() -> dict[str, str]:
     plan: dict[str, str] = {}
     for device in devices:
         try:
-            choice, why = ("torch", "CPU tensors always run torch_impl") if device.type == "cpu" else (
-                selection.choose_cache_ops(device))
+            choice, why = selection.choose_cache_ops(device)
         except Exception as exc:  # noqa: BLE001 - a bad HISPARSE_HAL_CACHE_OPS is reported, not raised here
             choice, why = "error", f"{type(exc).__name__}: {exc}"
         plan[str(device)] = f"{choice} ({why})"
