@@ -49,7 +49,7 @@ def test_load_general_plugins_runs_our_entry_point_and_satisfies_has_hisparse_op
     assert plugin_status.state == "defined", plugin_status
     assert vllm_runtime._has_hisparse_ops()
     assert plugin_status.owners == {op: "hisparse-hal" for op in OPS}
-    assert plugin_status.implementations["cpu"].startswith("torch (")
+    assert plugin_status.implementations["cpu"].startswith("host (")
 
 
 def test_our_ops_have_exactly_the_schemas_vllm_compiled() -> None:
