@@ -111,23 +111,11 @@ def gather_plan(
     Raises:
         InvalidArgumentError: a dtype, shape, device or stride check failed (nothing is copied).
     """
-    arguments.check_gather_plan(
+    planned = torch_impl.plan_gather_plan(
         host_cache, hot_cache, global_indices, hot_indices, miss_mask, request_state_indices,
         attention_indices, attention_block_stride,
     )
-    num_rows, columns = global_indices.shape
-    if num_rows == 0 or columns == 0:
+    if planned is None:
         return
-    block_size = 1 if hot_cache.dim() == 2 else hot_cache.shape[1]
-    hot_rows = hot_cache.shape[0] * block_size
-    destination = hot_indices.to(_I64)
-    if request_state_indices is None:
-        padding = torch.zeros(num_rows, 1, dtype=torch.bool)
-    else:
-        padding = (request_state_indices.reshape(-1)[:num_rows] < 0)[:, None]
-    if attention_indices is not None:
-        rows = torch.where(padding, -1, destination)
-        attention_indices.copy_(torch_impl._attention_rows(rows, block_size, attention_block_stride))
-    source = global_indices.to(_I64)
-    copies = ~padding & (miss_mask != 0) & (source >= 0) & (destination >= 0) & (destination < hot_rows)
+    source, destination, copies = planned
     _copy_planned_rows(host_cache, hot_cache, source[copies], destination[copies])

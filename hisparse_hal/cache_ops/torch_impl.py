@@ -11,7 +11,8 @@ import torch
 
 from . import arguments
 
-__all__ = ["gather_compact", "gather_plan", "invalidate_written_slots", "resolve_residency", "word_rows"]
+__all__ = ["gather_compact", "gather_plan", "invalidate_written_slots", "plan_gather_plan", "resolve_residency",
+           "word_rows"]
 
 # Sort keys of host-backed positions are ``leader_row << _KEY_SHIFT | host_row``. Host rows are int32 and
 # batch rows are far below 2**30, so every real key stays below _NO_KEY.
@@ -450,13 +451,38 @@ def gather_plan(
     Raises:
         InvalidArgumentError: a dtype, shape, device or stride check failed (nothing is copied).
     """
+    planned = plan_gather_plan(
+        host_cache, hot_cache, global_indices, hot_indices, miss_mask, request_state_indices,
+        attention_indices, attention_block_stride,
+    )
+    if planned is not None:
+        _copy_rows(host_cache, hot_cache, *planned)
+
+
+def plan_gather_plan(
+    host_cache: torch.Tensor,
+    hot_cache: torch.Tensor,
+    global_indices: torch.Tensor,
+    hot_indices: torch.Tensor,
+    miss_mask: torch.Tensor,
+    request_state_indices: torch.Tensor | None,
+    attention_indices: torch.Tensor | None,
+    attention_block_stride: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``gather_plan`` up to its copy: checks the arguments, writes ``attention_indices`` and returns the
+    int64 ``(source, destination, write)`` of every plan entry (None for an empty plan). Shared by the torch and
+    host implementations, which differ only in how they copy the rows ``write`` selects.
+
+    Raises:
+        InvalidArgumentError: as :func:`gather_plan` (nothing is written).
+    """
     arguments.check_gather_plan(
         host_cache, hot_cache, global_indices, hot_indices, miss_mask, request_state_indices,
         attention_indices, attention_block_stride,
     )
     num_rows, columns = global_indices.shape
     if num_rows == 0 or columns == 0:
-        return
+        return None
     block_size = 1 if hot_cache.dim() == 2 else hot_cache.shape[1]
     hot_rows = hot_cache.shape[0] * block_size
     destination = hot_indices.to(_I64)
@@ -469,7 +495,7 @@ def gather_plan(
         attention_indices.copy_(_attention_rows(rows, block_size, attention_block_stride))
     source = global_indices.to(_I64)
     write = ~padding & (miss_mask != 0) & (source >= 0) & (destination >= 0) & (destination < hot_rows)
-    _copy_rows(host_cache, hot_cache, source, destination, write)
+    return source, destination, write
 
 
 def invalidate_written_slots(
