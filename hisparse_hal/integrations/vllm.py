@@ -111,9 +111,9 @@ def _implementations() -> dict[str, str]:
     for device in devices:
         try:
             choice, why = selection.choose_cache_ops(device)
+            plan[str(device)] = f"{choice} ({why})"
         except Exception as exc:  # noqa: BLE001 - a bad HISPARSE_HAL_CACHE_OPS is reported, not raised here
-            choice, why = "error", f"{type(exc).__name__}: {exc}"
-        plan[str(device)] = f"{choice} ({why})"
+            plan[str(device)] = f"error ({type(exc).__name__}: {exc})"
     return plan
 
 
