@@ -45,38 +45,82 @@ log = logging.getLogger(__name__)
 class CacheOps:
     """What ``create_cache_ops`` returns: the per-step operations bound to one backend and runtime.
 
-    Every member is safe to call every decode step; swaps, gathers and the four cache ops run on the
-    current stream. The cache ops (vLLM 0.33.0's ``hisparse_*`` signatures, see
-    :mod:`hisparse_hal.cache_ops`) run in the implementation ``capabilities.cache_ops`` names; their
-    ``host_cache`` is passed as the backend's device view of the pinned host tensor
-    (:meth:`HiSparseBackend.device_view_of_host`), so every tensor they see is on the backend's device;
-    the view is built once per host tensor and pin generation (:class:`DeviceViews`).
+    vLLM 0.34.0 calls four names on it, positionally (design note §2 B9-B11, B16):
+    ``hisparse_resolve_residency`` (23 arguments), ``hisparse_gather_compact`` (5), ``hisparse_gather_plan`` (5)
+    and ``hisparse_invalidate_written_slots`` (6), with the schemas of :mod:`hisparse_hal.cache_ops.library`.
+    The un-prefixed names are the same methods. They run in the implementation ``capabilities.cache_ops``
+    names, on the current stream; ``host_cache`` is passed as the backend's device view of the pinned host
+    tensor (:meth:`HiSparseBackend.device_view_of_host`, built once per host tensor and pin generation), so
+    every tensor the kernels see is on the backend's device. Nothing here reads a device value or allocates
+    per call on the torch path's host side, so resolve and compact can be captured on a side stream; the
+    Triton path keeps its scratch per ops object (one allocation per batch shape, reused at a fixed address).
     """
 
     backend: HiSparseBackend
     runtime: Any
     _views: DeviceViews = dataclasses.field(init=False, repr=False, compare=False)
+    _entries: Any = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        from .cache_ops.selection import implementation_entries
+
         object.__setattr__(self, "_views", DeviceViews(self.backend))  # frozen: set once, here
+        object.__setattr__(self, "_entries", implementation_entries(self.implementation))
 
     @property
     def implementation(self) -> str:
-        """``"triton"`` or ``"torch"``: the implementation of the cache ops (``capabilities.cache_ops``)."""
+        """``"triton"``, ``"torch"`` or ``"host"``: the implementation of the cache ops (``capabilities.cache_ops``)."""
         return self.backend.capabilities.cache_ops
 
-    def _ops(self) -> Any:
-        from .cache_ops.selection import implementation_module
-
-        return implementation_module(self.implementation)
-
-    def _run(self, name: str, *args: Any, **kwargs: Any) -> None:
+    def _run(self, name: str, args: tuple[Any, ...]) -> None:
         """Hand one cache op to the backend, which runs it now or records it into a capture."""
         from .cache_ops import arguments
 
-        op = getattr(self._ops(), name)
+        if name != "invalidate_written_slots" and args:
+            args = (self._views.of(args[0]), *args[1:])
+        entry = getattr(self._entries, name)
         check = getattr(arguments, f"check_{name}")
-        self.backend._enqueue_cache_op(name, lambda: op(*args, **kwargs), lambda: check(*args, **kwargs))
+        self.backend._enqueue_cache_op(name, lambda: entry(*args), lambda: check(*args))
+
+    def hisparse_resolve_residency(self, *args: Any) -> None:
+        """vLLM 0.34.0 ``hisparse_resolve_residency``: the 23 arguments of
+        :func:`hisparse_hal.cache_ops.signatures.vllm_ops`'s ``resolve_residency``, positionally.
+
+        Raises:
+            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
+            UnionOverflowError: a run's union exceeds ``max_union_rows`` (CPU device; a GPU asserts).
+        """
+        self._run("resolve_residency", args)
+
+    def hisparse_gather_compact(self, *args: Any) -> None:
+        """vLLM 0.34.0 ``hisparse_gather_compact`` (5 arguments, positionally).
+
+        Raises:
+            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
+        """
+        self._run("gather_compact", args)
+
+    def hisparse_gather_plan(self, *args: Any) -> None:
+        """vLLM 0.34.0 ``hisparse_gather_plan`` (5 arguments, positionally).
+
+        Raises:
+            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
+        """
+        self._run("gather_plan", args)
+
+    def hisparse_invalidate_written_slots(self, *args: Any) -> None:
+        """vLLM 0.34.0 ``hisparse_invalidate_written_slots`` (6 arguments, positionally).
+
+        Raises:
+            InvalidArgumentError: an argument vLLM's op would reject.
+            UnknownTableError: an address names no registered table (CPU device; a GPU asserts).
+        """
+        self._run("invalidate_written_slots", args)
+
+    resolve_residency = hisparse_resolve_residency
+    gather_compact = hisparse_gather_compact
+    gather_plan = hisparse_gather_plan
+    invalidate_written_slots = hisparse_invalidate_written_slots
 
     def swap_blocks_batch(self, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
         """See :meth:`HiSparseBackend.swap_blocks_batch`."""
@@ -93,109 +137,6 @@ class CacheOps:
     def new_stats_counter(self) -> torch.Tensor:
         """A zeroed ``[hits, misses]`` counter of the backend's ``stats_dtype`` on its device."""
         return new_stats_counter(self.backend.device, self.backend.stats_dtype)
-
-    def resolve_residency(
-        self,
-        host_cache: torch.Tensor,
-        hot_cache: torch.Tensor,
-        hot_block_table: torch.Tensor,
-        global_indices: torch.Tensor,
-        hot_indices: torch.Tensor,
-        device_global_indices: torch.Tensor,
-        lru_slots: torch.Tensor,
-        request_state_indices: torch.Tensor | None,
-        region_stride: int,
-        max_union_rows: int,
-        miss_mask: torch.Tensor | None,
-        stats: torch.Tensor | None,
-        attention_indices: torch.Tensor | None,
-        attention_block_stride: int,
-        request_ids: torch.Tensor | None,
-        source_block_table: torch.Tensor | None,
-        source_block_size: int,
-        resolved_global_indices: torch.Tensor | None,
-        valid_counts: torch.Tensor | None,
-        swap_host_physical_rows: torch.Tensor | None,
-        swap_device_physical_rows: torch.Tensor | None,
-        swap_counts: torch.Tensor | None,
-        resident_block_table: torch.Tensor | None,
-        resident_block_size: int,
-        resident_null_block: int,
-        *,
-        error_flags: torch.Tensor | None = None,
-    ) -> None:
-        """Plan one decode step (``hisparse_resolve_residency``); see :mod:`hisparse_hal.cache_ops`.
-
-        Raises:
-            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
-        """
-        self._run(
-            "resolve_residency",
-            self._views.of(host_cache), hot_cache, hot_block_table, global_indices,
-            hot_indices, device_global_indices, lru_slots, request_state_indices, region_stride, max_union_rows,
-            miss_mask, stats, attention_indices, attention_block_stride, request_ids, source_block_table,
-            source_block_size, resolved_global_indices, valid_counts, swap_host_physical_rows,
-            swap_device_physical_rows, swap_counts, resident_block_table, resident_block_size,
-            resident_null_block, error_flags=error_flags,
-        )
-
-    def gather_compact(
-        self,
-        host_cache: torch.Tensor,
-        hot_cache: torch.Tensor,
-        miss_global_indices: torch.Tensor,
-        miss_hot_indices: torch.Tensor,
-        miss_counts: torch.Tensor,
-    ) -> None:
-        """Copy the compact swap plan from host to hot rows (``hisparse_gather_compact``).
-
-        Raises:
-            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
-        """
-        self._run(
-            "gather_compact",
-            self._views.of(host_cache), hot_cache, miss_global_indices, miss_hot_indices,
-            miss_counts,
-        )
-
-    def gather_plan(
-        self,
-        host_cache: torch.Tensor,
-        hot_cache: torch.Tensor,
-        global_indices: torch.Tensor,
-        hot_indices: torch.Tensor,
-        miss_mask: torch.Tensor,
-        request_state_indices: torch.Tensor | None,
-        attention_indices: torch.Tensor | None,
-        attention_block_stride: int,
-    ) -> None:
-        """Masked gather from host rows into a hot or staging buffer (``hisparse_gather_plan``).
-
-        Raises:
-            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
-        """
-        self._run(
-            "gather_plan",
-            self._views.of(host_cache), hot_cache, global_indices, hot_indices, miss_mask,
-            request_state_indices, attention_indices, attention_block_stride,
-        )
-
-    def invalidate_written_slots(
-        self,
-        device_global_indices: torch.Tensor,
-        request_state_indices: torch.Tensor,
-        req_id_per_token: torch.Tensor,
-        written_slots: torch.Tensor,
-    ) -> None:
-        """Drop hot copies of host rows rewritten this step (``hisparse_invalidate_written_slots``).
-
-        Raises:
-            InvalidArgumentError: an argument vLLM's op would reject.
-        """
-        self._run(
-            "invalidate_written_slots",
-            device_global_indices, request_state_indices, req_id_per_token, written_slots
-        )
 
 
 class DeviceViews:
@@ -526,8 +467,34 @@ class HiSparseBackend:
         run()
 
     def create_cache_ops(self, runtime: Any) -> CacheOps:
-        """The per-step operations bound to ``runtime`` (see :class:`CacheOps`)."""
+        """The per-step operations bound to ``runtime`` (see :class:`CacheOps`), what vLLM 0.34.0 stores as
+        ``runtime.cache_ops`` (``runtime.py:781``).
+
+        Registers the runtime's ``device_global_indices`` table(s) (``runtime.index_group.device_global_indices``
+        in vLLM 0.34.0, read defensively) so ``hisparse_invalidate_written_slots`` can resolve their addresses;
+        other engines register theirs with :meth:`register_cache_op_table`.
+
+        Args:
+            runtime: vLLM's ``HiSparseRuntime`` (or None / any object for engines without one).
+
+        Returns:
+            The :class:`CacheOps`.
+        """
+        from .cache_ops import tables
+
+        if runtime is not None:
+            tables.register_runtime_tables(runtime)
         return CacheOps(self, runtime)
+
+    def register_cache_op_table(self, table: torch.Tensor) -> None:
+        """Make a ``device_global_indices`` table resolvable by address in ``hisparse_invalidate_written_slots``.
+
+        Raises:
+            InvalidArgumentError: not a contiguous int32 2-D tensor.
+        """
+        from .cache_ops import tables
+
+        tables.register_table(table)
 
     def swap_blocks_batch(self, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
         """Enqueue copies of ``sizes[i]`` bytes from ``src[i]`` to ``dst[i]`` on the current stream.

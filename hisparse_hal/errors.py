@@ -12,6 +12,8 @@ __all__ = [
     "BackendUnavailableError",
     "InvalidArgumentError",
     "InvalidDescriptorError",
+    "UnionOverflowError",
+    "UnknownTableError",
     "UnsupportedCapabilityError",
     "CaptureMisuseError",
     "DeviceRuntimeError",
@@ -47,6 +49,41 @@ class InvalidDescriptorError(InvalidArgumentError):
 
     def __init__(self, message: str, index: int | None = None) -> None:
         super().__init__(message)
+        self.index = index
+
+
+class UnionOverflowError(InvalidArgumentError):
+    """One request's contiguous rows select more distinct host rows than ``max_union_rows`` in one
+    ``resolve_residency`` call. vLLM's CUDA kernel traps (``hisparse_kernels.cu:563-571``); we raise before
+    anything is written.
+
+    ``state_row`` and ``request`` identify the run (its state row and batch request row), ``union_rows`` is
+    its count of distinct host rows and ``max_union_rows`` the bound it passed.
+    """
+
+    def __init__(self, state_row: int, request: int, union_rows: int, max_union_rows: int) -> None:
+        super().__init__(
+            f"request {request} (state row {state_row}) selects {union_rows} distinct host rows in one call, "
+            f"more than max_union_rows = {max_union_rows}; nothing was written. Raise max_union_rows "
+            "(vLLM: max_decode_query_len x index_topk) or split the request's rows"
+        )
+        self.state_row = state_row
+        self.request = request
+        self.union_rows = union_rows
+        self.max_union_rows = max_union_rows
+
+
+class UnknownTableError(InvalidArgumentError):
+    """``invalidate_written_slots`` got a table address that no registered ``device_global_indices`` table
+    of the expected shape has (``address``); nothing was written. Tables are registered by
+    ``create_cache_ops(runtime)`` or :func:`hisparse_hal.cache_ops.tables.register_table`."""
+
+    def __init__(self, address: int, index: int, detail: str) -> None:
+        super().__init__(
+            f"device_global_indices_ptrs[{index}] = {address:#x} {detail}; nothing was written. Register the "
+            "table first (backend.create_cache_ops(runtime) or cache_ops.tables.register_table(tensor))"
+        )
+        self.address = address
         self.index = index
 
 

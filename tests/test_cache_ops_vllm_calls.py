@@ -1,330 +1,194 @@
-"""The cache ops driven with exactly the argument lists vLLM 0.33.0's HiSparse runtime passes.
+"""The cache ops called exactly as vLLM 0.34.0's HiSparse runtime calls them, through ``create_cache_ops(runtime)``.
 
-The tensors are built the way ``vllm/v1/hisparse/runtime.py`` builds them (``HiSparseIndexGroup``,
-``_SharedTopKState``, ``PagedCacheView.bind`` over a multi-layer slab, ``_resolve_and_stage_group``'s request-id
-masking) and each op is called with the positions, dtypes and ``None``s of ``_resolve_residency``,
-``_swap_rows``, ``invalidate_written_slots`` and ``gather_prefill_cache``. Every implementation present is
-checked: the oracle on the data (attention rows hold the selected host rows), the others bit for bit against it.
+The runtime stand-in holds what a 0.34.0 ``HiSparseRuntime`` holds when ``create_cache_ops`` runs (design note
+§2 B8: ``index_group.device_global_indices``, ``region_stride``, ``max_union_rows``); the tensors are laid out
+as ``runtime.py`` lays them out (a hot view ``as_strided`` over a multi-layer slab, row-strided
+``physical_topk_indices``, ``num_valid_rows = query_start_loc[-1:]``, an int64 tensor of table addresses), and
+each op is called positionally with vLLM's argument order (B9 resolve, B10 compact, B11 plan, B16 invalidate).
+The CPU backend's ops must equal the oracle bit for bit, also when resolve and compact are captured and replayed.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-from collections.abc import Callable
+import copy
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 from hisparse_hal.cache_ops import oracle
-from hisparse_hal.errors import HalError
-
-if not torch.cuda.is_available():  # the Triton ops run CPU tensors only under the interpreter (read at first use)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from hisparse_hal.errors import UnknownTableError
+from hisparse_hal.vendors.cpu.backend import CpuBackend
 
 I32 = torch.int32
 BLOCK, TOP_K, QUERIES = 4, 4, 2
 REGION = (QUERIES + 1) * TOP_K  # device_buffer_size default
 MAX_UNION = QUERIES * TOP_K
-MAX_REQS, MAX_SWAP_ROWS, PAGES = 4, 8, 8
-ROW_WIDTH, DTYPE = 8, torch.bfloat16  # 16-byte rows, as vLLM requires
-LAYERS = 2
-
-
-def _backend_ops() -> Any:
-    from hisparse_hal.registry import get_backend
-
-    backend = get_backend("cpu")
-    if not hasattr(backend, "create_cache_ops"):
-        pytest.skip("the CPU backend has no create_cache_ops yet")
-    return backend.create_cache_ops(None)
-
-
-def _module(name: str) -> Callable[[], Any]:
-    def load() -> Any:
-        try:
-            module = importlib.import_module(f"hisparse_hal.cache_ops.{name}")
-        except ImportError as exc:
-            pytest.skip(f"hisparse_hal.cache_ops.{name} is not importable here: {exc}")
-        if name == "triton_impl":
-            try:
-                module.kernels(torch.device("cpu"))
-            except HalError as exc:
-                pytest.skip(f"the Triton ops cannot run on CPU tensors in this process: {exc}")
-        return module
-    return load
-
-
-IMPLEMENTATIONS = {
-    "oracle": lambda: oracle,
-    "torch_impl": _module("torch_impl"),
-    "triton_impl": _module("triton_impl"),
-    "backend_cache_ops": _backend_ops,
-}
+MAX_REQS, PAGES, LAYERS = 4, 8, 2
+ROW_BYTES = 32
 
 
 class Runtime:
-    """One index group (leader + follower layer) laid out as vLLM 0.33.0's runtime lays it out."""
+    """What ``create_cache_ops`` may read from a vLLM 0.34.0 HiSparseRuntime, and the step's tensors."""
 
     def __init__(self, seed: int = 0) -> None:
-        generator = torch.Generator().manual_seed(seed)
-        itemsize = torch.empty((), dtype=DTYPE).element_size()
-        self.row_bytes = ROW_WIDTH * itemsize
-        # HiSparseIndexGroup
-        self.device_global_indices = torch.full((MAX_REQS, REGION), -1, dtype=I32)
-        self.lru_init = torch.arange(REGION, dtype=torch.int16)
-        self.lru_slots = self.lru_init.repeat(MAX_REQS, 1).contiguous()
-        self.device_topk_rows = torch.full((MAX_SWAP_ROWS, TOP_K), -1, dtype=I32)  # _SharedTopKState
-        self.physical_topk_indices = torch.empty_like(self.device_topk_rows)
-        self.swap_host_physical_rows = torch.empty((MAX_SWAP_ROWS, TOP_K), dtype=I32)
-        self.swap_device_physical_rows = torch.empty_like(self.swap_host_physical_rows)
-        self.swap_counts = torch.empty(MAX_SWAP_ROWS, dtype=I32)
-        self.valid_topk_counts = torch.empty(MAX_SWAP_ROWS, dtype=I32)
-        self.row_indices = torch.arange(MAX_SWAP_ROWS, dtype=I32)
-        self.request_ids = torch.empty_like(self.row_indices)
-        self.swap_stats = torch.zeros(2, dtype=torch.uint64)
-        # vLLM allocates these with torch.empty; poison them so untouched entries compare deterministically.
-        for scratch in (self.physical_topk_indices, self.swap_host_physical_rows, self.swap_device_physical_rows,
-                        self.swap_counts, self.valid_topk_counts, self.request_ids):
-            scratch.fill_(-7777)
-        self.request_state_indices = torch.full((MAX_REQS,), -1, dtype=I32)  # initialize_hisparse_runtime_buffers
-        # One GPU slab for both layers: block stride spans every layer of a block (PagedCacheView.bind).
-        self.num_blocks = 24
-        self.block_stride = LAYERS * BLOCK * self.row_bytes
-        self.slab = torch.randint(0, 256, (self.num_blocks * self.block_stride,), dtype=torch.uint8,
-                                  generator=generator)
-        self.hot = [self._bind(layer * BLOCK * self.row_bytes) for layer in range(LAYERS)]
-        self.attention_block_stride = self.block_stride // self.row_bytes
-        # Host KV per layer: [host blocks, B, row_width] on CPU, viewed [-1, row_width] (bind_source_cache).
-        host_blocks = 16
-        self.host_kv = [
-            torch.randint(0, 256, (host_blocks, BLOCK, self.row_bytes), dtype=torch.uint8, generator=generator)
-            .view(DTYPE) for _ in range(LAYERS)
-        ]
-        self.host_cache = [kv.view(-1, kv.shape[-1]) for kv in self.host_kv]
-        # Input block tables of the hot group and the host group, and the residency tensor.
-        self.hot_block_table = torch.zeros((MAX_REQS, PAGES), dtype=I32)
-        self.source_block_table = torch.zeros((MAX_REQS, PAGES), dtype=I32)
-        self.residency = torch.zeros((1, MAX_REQS, PAGES), dtype=I32)
-        self._swap_step = 0
-
-    def _bind(self, byte_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-        itemsize = torch.empty((), dtype=DTYPE).element_size()
-        cache = torch.as_strided(
-            self.slab.view(DTYPE), size=(self.num_blocks, BLOCK, ROW_WIDTH),
-            stride=(self.block_stride // itemsize, ROW_WIDTH, 1), storage_offset=byte_offset // itemsize,
+        gen = torch.Generator().manual_seed(seed)
+        host_rows = (1 + MAX_REQS * PAGES) * BLOCK
+        self.host_cache = torch.randint(0, 256, (host_rows, ROW_BYTES), dtype=torch.uint8, generator=gen)
+        hot_blocks = MAX_REQS * (REGION // BLOCK) + 1
+        # One slab holding LAYERS layers' blocks interleaved: block stride LAYERS * BLOCK * ROW_BYTES bytes.
+        self.slab = torch.zeros(hot_blocks * LAYERS * BLOCK * ROW_BYTES, dtype=torch.uint8)
+        self.hot = torch.as_strided(self.slab, (hot_blocks, BLOCK, ROW_BYTES), (LAYERS * BLOCK * ROW_BYTES,
+                                                                               ROW_BYTES, 1), 0)
+        self.attention_block_stride = LAYERS * BLOCK
+        self.hot_block_table = torch.arange(1, 1 + MAX_REQS * (REGION // BLOCK), dtype=I32).view(MAX_REQS, -1)
+        self.index_group = SimpleNamespace(
+            device_global_indices=torch.full((MAX_REQS, REGION), -1, dtype=I32),
+            lru_slots=torch.arange(REGION, dtype=torch.int16).repeat(MAX_REQS, 1),
+            swap_stats=torch.zeros(2, dtype=torch.uint64),
         )
-        attention_cache = self.slab[byte_offset:].view(DTYPE).view(-1, BLOCK, ROW_WIDTH)
-        return cache, attention_cache
+        self.region_stride, self.max_union_rows = REGION, MAX_UNION
+        self.request_state_indices = torch.tensor([2, 0, 3, -1], dtype=I32)
+        self.source_block_table = (1 + torch.randperm(MAX_REQS * PAGES, generator=gen).to(I32)).view(MAX_REQS, PAGES)
+        self.residency = torch.zeros(MAX_REQS, PAGES, dtype=I32)
+        self.residency[0, 1] = 4  # state row 0 (request 1) has page 1 resident in hot block 4
 
-    def step_rows(self, num_tokens: int) -> slice:
-        start = self._swap_step * num_tokens
-        self._swap_step += 1
-        return slice(start, start + num_tokens)
-
-    def masked_request_ids(self, req_id_per_token: torch.Tensor, num_valid_rows: torch.Tensor) -> torch.Tensor:
-        """``_resolve_and_stage_group``: padding rows past ``num_valid_rows`` get request id -1."""
-        num_tokens = req_id_per_token.shape[0]
-        request_ids = self.request_ids[:num_tokens]
-        request_ids.copy_(req_id_per_token)
-        request_ids.masked_fill_(self.row_indices[:num_tokens] >= num_valid_rows, -1)
-        return request_ids
-
-    def resolve(self, ops: Any, *, req_id_per_token: torch.Tensor, topk_indices: torch.Tensor,
-                shared_rows: slice, resident: bool, return_valid_counts: bool) -> None:
-        """``HiSparseRuntime._resolve_residency``, argument for argument."""
-        num_tokens = topk_indices.shape[0]
-        valid_topk_counts = self.valid_topk_counts[shared_rows] if return_valid_counts else None
-        ops.resolve_residency(
-            self.host_cache[0],
-            self.hot[0][0],
-            self.hot_block_table,
-            topk_indices,
-            self.device_topk_rows[shared_rows],
-            self.device_global_indices,
-            self.lru_slots,
-            self.request_state_indices,
-            REGION,
-            MAX_UNION,
-            None,
-            self.swap_stats,
-            self.physical_topk_indices[shared_rows],
-            self.attention_block_stride,
-            req_id_per_token[:num_tokens].contiguous(),
-            self.source_block_table,
-            BLOCK,
-            None,
-            valid_topk_counts,
-            self.swap_host_physical_rows[shared_rows],
-            self.swap_device_physical_rows[shared_rows],
-            self.swap_counts[shared_rows],
-            self.residency[0] if resident else None,
-            BLOCK if resident else 0,
-            0,
+    def step_tensors(self, topk: list[list[int]], req_ids: list[int], valid: int) -> dict[str, torch.Tensor]:
+        rows = len(topk)
+        workspace = torch.full((rows, TOP_K + 2), -5, dtype=I32)
+        return dict(
+            topk=torch.tensor(topk, dtype=I32), hot_indices=torch.full((rows, TOP_K), -5, dtype=I32),
+            physical=workspace[:, :TOP_K], valid_counts=torch.full((rows,), -5, dtype=I32),
+            swap_host=torch.full((rows, TOP_K), -5, dtype=I32), swap_dev=torch.full((rows, TOP_K), -5, dtype=I32),
+            swap_counts=torch.full((rows,), -5, dtype=I32), req_ids=torch.tensor(req_ids, dtype=I32),
+            query_start_loc=torch.tensor([0, valid], dtype=I32),
         )
 
-    def swap_rows(self, ops: Any, layer: int, shared_rows: slice) -> None:
-        """``HiSparseRuntime._swap_rows`` for one layer."""
-        ops.gather_compact(
-            self.host_cache[layer],
-            self.hot[layer][0],
-            self.swap_host_physical_rows[shared_rows],
-            self.swap_device_physical_rows[shared_rows],
-            self.swap_counts[shared_rows],
+    def resolve(self, ops: Any, name: str, t: dict[str, torch.Tensor]) -> None:
+        """``runtime.py:904-930``: 23 positional arguments."""
+        group = self.index_group
+        getattr(ops, name)(
+            self.host_cache, self.hot, self.hot_block_table, t["topk"], t["hot_indices"],
+            group.device_global_indices, group.lru_slots, self.request_state_indices, self.region_stride,
+            self.max_union_rows, group.swap_stats, t["physical"], self.attention_block_stride, t["req_ids"],
+            self.source_block_table, BLOCK, t["valid_counts"], t["swap_host"], t["swap_dev"], t["swap_counts"],
+            self.residency, BLOCK, t["query_start_loc"][-1:],
         )
 
-    def invalidate_written_slots(self, ops: Any, written_slots: torch.Tensor, req_id_per_token: torch.Tensor) -> None:
-        """``HiSparseRuntime.invalidate_written_slots``."""
-        num_tokens = min(written_slots.numel(), req_id_per_token.numel())
-        ops.invalidate_written_slots(
-            self.device_global_indices,
-            self.request_state_indices,
-            req_id_per_token[:num_tokens],
-            written_slots[:num_tokens],
-        )
+    def compact(self, ops: Any, name: str, t: dict[str, torch.Tensor]) -> None:
+        """``runtime.py:935-941``, once per layer sharing the swap plan (here: the same hot view)."""
+        getattr(ops, name)(self.host_cache, self.hot, t["swap_host"], t["swap_dev"], t["swap_counts"])
 
-    def gather_prefill_cache(self, ops: Any, layer: int, row_ids: torch.Tensor, miss_mask: torch.Tensor,
-                             gpu_row_ids: torch.Tensor | None) -> torch.Tensor:
-        """``HiSparseRuntime.gather_prefill_cache`` with a staging plan of ``row_ids`` ([1, blocks * B])."""
-        kv_cache = self.host_kv[layer]
-        num_blocks = row_ids.shape[1] // BLOCK
-        staged = torch.empty((max(num_blocks, -(-256 // BLOCK)), BLOCK, ROW_WIDTH), dtype=DTYPE)[:num_blocks]
-        staged.view(torch.uint8).fill_(0xAB)
-        if gpu_row_ids is not None:
-            resident_cache = self.hot[layer][0]
-            src = gpu_row_ids[0].to(torch.long).clamp_min(0)
-            staged.view(-1, ROW_WIDTH).copy_(resident_cache[src // BLOCK, src % BLOCK])
-        dst_rows = torch.arange(row_ids.shape[1], dtype=I32).view(1, -1)
-        ops.gather_plan(kv_cache.view(-1, ROW_WIDTH), staged, row_ids, dst_rows, miss_mask, None, None, 0)
-        return staged
+    def invalidate(self, ops: Any, name: str, req_ids: list[int], slots: list[int]) -> None:
+        """``runtime.py:1078-1085``: one launch for every leader's table, by address."""
+        table = self.index_group.device_global_indices
+        pointers = torch.tensor([table.data_ptr(), table.data_ptr()], dtype=torch.int64)  # a KV-sharing alias
+        getattr(ops, name)(pointers, self.request_state_indices, torch.tensor(req_ids, dtype=I32),
+                           torch.tensor(slots, dtype=torch.int64), MAX_REQS, REGION)
 
-    def state(self) -> dict[str, torch.Tensor]:
-        return {
-            "device_topk_rows": self.device_topk_rows, "physical_topk_indices": self.physical_topk_indices,
-            "swap_host_physical_rows": self.swap_host_physical_rows, "swap_counts": self.swap_counts,
-            "swap_device_physical_rows": self.swap_device_physical_rows, "valid_topk_counts": self.valid_topk_counts,
-            "device_global_indices": self.device_global_indices, "lru_slots": self.lru_slots,
-            "swap_stats": self.swap_stats.view(torch.int64), "slab": self.slab,
-        }
+    def snapshot(self) -> list[Any]:
+        group = self.index_group
+        return [group.device_global_indices.tolist(), group.lru_slots.tolist(),
+                group.swap_stats.view(torch.int64).tolist(), self.slab.tolist()]
 
 
-def _schedule(runtime: Runtime) -> None:
-    """Two requests: state rows 3 and 1 at batch rows 0 and 1; request 0 has a resident tail page."""
-    runtime.request_state_indices[:2] = torch.tensor([3, 1], dtype=I32)
-    runtime.hot_block_table[0, :3] = torch.tensor([5, 9, 2], dtype=I32)
-    runtime.hot_block_table[1, :3] = torch.tensor([14, 7, 11], dtype=I32)
-    runtime.source_block_table[0, :4] = torch.tensor([3, 8, 12, 6], dtype=I32)
-    runtime.source_block_table[1, :4] = torch.tensor([10, 4, 15, 1], dtype=I32)
-    runtime.residency[0, 0, 3] = 20  # indexed by batch row, as kernel K reads it (and by state row 3 too)
-    runtime.residency[0, 3, 3] = 20
+STEPS = [  # (top-k rows, req_id_per_token padded to the graph size, num_valid_rows)
+    ([[0, 1, 2, 3], [0, 1, 9, -1], [4, 5, 6, 7], [1, 2, 3, -1], [0, 0, 0, 0]], [0, 0, 1, 2, 0], 4),
+    ([[0, 1, 10, 11], [0, 12, 9, -1], [4, 5, 6, 8], [1, 2, 3, -1], [3, 3, 3, 3]], [0, 0, 1, 2, 0], 4),
+    ([[13, 1, 2, 3], [5, 6, 7, 8], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]], [2, 1, 0, 0, 0], 2),
+]
 
 
-def _decode_step(runtime: Runtime, ops: Any, topk: list[list[int]], req_id_per_token: list[int], num_valid: int,
-                 *, return_valid_counts: bool = True) -> slice:
-    """One FULL-graph decode step: resolve on the leader, then gather_compact for every layer (prefetch)."""
-    num_tokens = len(topk)
-    indexer_out = torch.full((MAX_SWAP_ROWS, TOP_K + 3), -1, dtype=I32)  # the indexer's buffer: rows strided
-    topk_indices = indexer_out[:num_tokens, :TOP_K]
-    topk_indices.copy_(torch.tensor(topk, dtype=I32))
-    rows = runtime.step_rows(num_tokens)
-    request_ids = runtime.masked_request_ids(torch.tensor(req_id_per_token, dtype=I32),
-                                             torch.tensor([num_valid], dtype=I32))
-    runtime.resolve(ops, req_id_per_token=request_ids, topk_indices=topk_indices, shared_rows=rows, resident=True,
-                    return_valid_counts=return_valid_counts)
-    for layer in range(LAYERS):
-        runtime.swap_rows(ops, layer, rows)
-    return rows
+def _run(ops: Any, prefix: str, runtime: Runtime) -> list[Any]:
+    recorded = []
+    for topk, req_ids, valid in STEPS:
+        t = runtime.step_tensors(topk, req_ids, valid)
+        runtime.resolve(ops, f"{prefix}resolve_residency", t)
+        for _layer in range(LAYERS):
+            runtime.compact(ops, f"{prefix}gather_compact", t)
+        runtime.invalidate(ops, f"{prefix}invalidate_written_slots", [0, 2, 7], [int(runtime.host_cache.shape[0]) - 1,
+                                                                                  8, 3])
+        recorded.append(({k: v.tolist() for k, v in t.items()}, runtime.snapshot()))
+    return recorded
 
 
-STEP_ONE = ([[0, 5, 13, -1], [5, 9, 2, 14], [1, 6, 30, 3], [0, 1, 2, 3]], [0, 0, 1, 0], 3)  # row 3: graph padding
-STEP_TWO = ([[5, 9, 4, 15], [14, 15, 7, 8], [6, 1, 3, 11], [2, 2, 2, 2]], [0, 0, 1, 0], 3)
-
-
-def _run_forward(ops: Any) -> tuple[Runtime, list[slice]]:
+def test_create_cache_ops_returns_the_four_names_vllm_calls_and_equals_the_oracle() -> None:
+    backend = CpuBackend()
     runtime = Runtime()
-    _schedule(runtime)
-    slices = [_decode_step(runtime, ops, *STEP_ONE)]
-    slices.append(_decode_step(runtime, ops, *STEP_TWO, return_valid_counts=False))  # 2nd swap_in, same forward
-    return runtime, slices
+    reference = copy.deepcopy(runtime)
+    from hisparse_hal.cache_ops import tables
+
+    tables.register_table(reference.index_group.device_global_indices)
+    ops = backend.create_cache_ops(runtime)
+    assert ops.implementation == "host"
+    assert all(callable(getattr(ops, f"hisparse_{name}")) for name in
+               ("resolve_residency", "gather_compact", "gather_plan", "invalidate_written_slots"))
+    got = _run(ops, "hisparse_", runtime)
+    want = _run(oracle, "", reference)
+    assert got == want
+    stats = runtime.index_group.swap_stats.view(torch.int64).tolist()
+    assert stats[0] > 0 and stats[1] > 0
 
 
-@pytest.fixture(params=list(IMPLEMENTATIONS))
-def ops(request: pytest.FixtureRequest) -> Any:
-    return IMPLEMENTATIONS[request.param]()
+def test_create_cache_ops_registers_the_runtime_table_so_invalidation_finds_it_by_address() -> None:
+    backend = CpuBackend()
+    runtime = Runtime(seed=1)
+    runtime.index_group.device_global_indices[2, :3] = torch.tensor([8, 8, 5], dtype=I32)
+    stranger = torch.full((MAX_REQS, REGION), 8, dtype=I32)  # never registered
+    ops = backend.create_cache_ops(runtime)
+    runtime.invalidate(ops, "hisparse_invalidate_written_slots", [0], [8])  # request 0 -> state row 2
+    assert runtime.index_group.device_global_indices[2, :3].tolist() == [-1, -1, 5]
+    pointers = torch.tensor([stranger.data_ptr()], dtype=torch.int64)
+    with pytest.raises(UnknownTableError, match="is no registered"):
+        ops.hisparse_invalidate_written_slots(pointers, runtime.request_state_indices, torch.tensor([0], dtype=I32),
+                                              torch.tensor([8], dtype=torch.int64), MAX_REQS, REGION)
+    assert stranger.eq(8).all()
 
 
-@pytest.mark.parametrize("name", [name for name in IMPLEMENTATIONS if name != "oracle"])
-def test_vllm_resolve_and_swap_rows_calls_match_the_oracle_bit_for_bit(name: str) -> None:
-    # The oracle itself is checked against worked-out expectations by the tests below, not against itself.
-    ops = IMPLEMENTATIONS[name]()
-    expected, _ = _run_forward(oracle)
-    actual, _ = _run_forward(ops)
-    for name, tensor in expected.state().items():
-        assert torch.equal(actual.state()[name], tensor), f"{name} differs from the oracle"
+def test_resolve_and_compact_captured_on_the_cpu_device_replay_with_the_values_written_in_place() -> None:
+    backend = CpuBackend()
+    runtime = Runtime(seed=2)
+    reference = copy.deepcopy(runtime)
+    ops = backend.create_cache_ops(runtime)
+    first = runtime.step_tensors(*STEPS[0][:2], STEPS[0][2])
+    with backend.capture() as graph:  # a FULL decode graph: B9 and B10 on the copy stream
+        runtime.resolve(ops, "hisparse_resolve_residency", first)
+        runtime.compact(ops, "hisparse_gather_compact", first)
+    assert graph.operations == ("resolve_residency", "gather_compact")
+    assert runtime.index_group.swap_stats.view(torch.int64).tolist() == [0, 0]  # nothing ran at capture
+    for topk, req_ids, valid in STEPS:
+        step = runtime.step_tensors(topk, req_ids, valid)
+        for name in ("topk", "req_ids", "query_start_loc"):
+            first[name].copy_(step[name])  # the step's inputs written into the captured tensors
+        graph.replay()
+        t = reference.step_tensors(topk, req_ids, valid)
+        oracle.resolve_residency(*_resolve_args(reference, t))
+        oracle.gather_compact(reference.host_cache, reference.hot, t["swap_host"], t["swap_dev"], t["swap_counts"])
+        assert first["hot_indices"].tolist() == t["hot_indices"].tolist()
+        assert first["physical"].tolist() == t["physical"].tolist()
+        assert runtime.snapshot() == reference.snapshot()
 
 
-def test_vllm_calls_leave_the_attention_rows_of_every_layer_holding_the_selected_host_rows(ops: Any) -> None:
-    runtime, slices = _run_forward(ops)
-    rows = slices[-1]
-    topk, request_of, num_valid = STEP_TWO
-    attention = runtime.physical_topk_indices[rows].tolist()
-    for r, q in enumerate(request_of):
-        if r >= num_valid:
-            assert attention[r] == [-1] * TOP_K, "graph-padding rows must come out -1"
-            continue
-        for c, t in enumerate(topk[r]):
-            page, offset = divmod(t, BLOCK)
-            if runtime.residency[0, q, page] > 0:
-                assert attention[r][c] == (20 * BLOCK + offset) // BLOCK * runtime.attention_block_stride + offset
-                continue
-            host_row = int(runtime.source_block_table[q, page]) * BLOCK + offset
-            for layer in range(LAYERS):
-                held = runtime.hot[layer][1].reshape(-1, ROW_WIDTH)[attention[r][c]]
-                assert torch.equal(held, runtime.host_cache[layer][host_row]), (r, c, layer)
+def _resolve_args(runtime: Runtime, t: dict[str, torch.Tensor]) -> tuple[Any, ...]:
+    group = runtime.index_group
+    return (runtime.host_cache, runtime.hot, runtime.hot_block_table, t["topk"], t["hot_indices"],
+            group.device_global_indices, group.lru_slots, runtime.request_state_indices, runtime.region_stride,
+            runtime.max_union_rows, group.swap_stats, t["physical"], runtime.attention_block_stride, t["req_ids"],
+            runtime.source_block_table, BLOCK, t["valid_counts"], t["swap_host"], t["swap_dev"], t["swap_counts"],
+            runtime.residency, BLOCK, t["query_start_loc"][-1:])
 
 
-def test_vllm_forward_counts_hits_and_misses_in_the_uint64_swap_stats(ops: Any) -> None:
-    runtime, slices = _run_forward(ops)
-    assert runtime.swap_stats.dtype == torch.uint64
-    first, _ = slices
-    assert runtime.valid_topk_counts[first].tolist() == [3, 4, 3, 0]
-    hits, misses = runtime.swap_stats.view(torch.int64).tolist()
-    # Step 1: request 0 loads tokens 0, 5, 9, 2 (token 5 again in row 1 is a hit; 13 and 14 are resident);
-    # request 1 loads 1, 6, 3 (30 is past its source table). Step 2: request 0 hits 5, 9 and loads 4, 7, 8;
-    # request 1 hits 6, 1, 3 and loads 11. Graph-padding rows count nothing.
-    assert (hits, misses) == (1 + 2 + 3, 4 + 3 + 3 + 1)
-
-
-def test_vllm_invalidate_written_slots_call_drops_the_rewritten_host_rows(ops: Any) -> None:
-    runtime, _ = _run_forward(ops)
-    host_row = int(runtime.source_block_table[0, 1]) * BLOCK + 1  # request 0's token 5, now rewritten
-    held = runtime.device_global_indices[3].tolist()
-    assert host_row in held
-    slot_mapping = torch.tensor([host_row, -1, int(runtime.source_block_table[1, 0]) * BLOCK + 1, 7],
-                                dtype=torch.int64)
-    req_id_per_token = torch.tensor([0, 0, 1], dtype=I32)  # shorter than slot_mapping: min() of both is used
-    runtime.invalidate_written_slots(ops, slot_mapping, req_id_per_token)
-    after = runtime.device_global_indices.tolist()
-    assert after[3] == [-1 if x == host_row else x for x in held]
-    assert int(runtime.source_block_table[1, 0]) * BLOCK + 1 not in after[1]
-
-
-def test_vllm_gather_prefill_cache_call_stages_missed_rows_over_the_resident_ones(ops: Any) -> None:
+def test_gather_plan_as_stage_prefill_rows_calls_it_fills_a_fresh_staged_buffer() -> None:
+    """``runtime.py:808-814``: a ``[1, N]`` plan into a fresh contiguous 3-D staged buffer."""
+    backend = CpuBackend()
     runtime = Runtime(seed=3)
-    row_ids = torch.tensor([[12, 13, 14, 15, -1, 40, 7, 70]], dtype=I32)
-    gpu_row_ids = torch.tensor([[-1, 21, -1, -1, -1, -1, -1, -1]], dtype=I32)
-    miss_mask = ((gpu_row_ids < 0) & (row_ids >= 0)).to(I32)
-    staged = runtime.gather_prefill_cache(ops, 1, row_ids, miss_mask, gpu_row_ids)
-    rows = staged.view(-1, ROW_WIDTH)
-    host = runtime.host_cache[1]
-    resident = runtime.hot[1][0]
-    for i, g in enumerate(row_ids[0].tolist()):
-        if gpu_row_ids[0, i] >= 0:
-            assert torch.equal(rows[i], resident[21 // BLOCK, 21 % BLOCK])
-        elif g < 0:
-            assert torch.equal(rows[i], resident[0, 0]), "unmasked rows keep the resident-gather bytes (row 0)"
-        elif g >= host.shape[0]:
-            assert rows[i].view(torch.uint8).tolist() == [0] * runtime.row_bytes
-        else:
-            assert torch.equal(rows[i], host[g])
+    ops = backend.create_cache_ops(runtime)
+    staged = torch.zeros(2, BLOCK, ROW_BYTES, dtype=torch.uint8)
+    rows = torch.tensor([[5, 6, -1, 7, 10_000, 9, 3, 2]], dtype=I32)
+    dst = torch.arange(8, dtype=I32).view(1, 8)
+    mask = torch.tensor([[1, 1, 1, 0, 1, 1, 1, 1]], dtype=I32)
+    ops.hisparse_gather_plan(runtime.host_cache.view(-1, ROW_BYTES), staged, rows, dst, mask)
+    want = torch.zeros(2, BLOCK, ROW_BYTES, dtype=torch.uint8)
+    oracle.gather_plan(runtime.host_cache, want, rows, dst, mask)
+    assert torch.equal(staged, want) and torch.equal(staged.view(8, -1)[0], runtime.host_cache[5])

@@ -222,19 +222,22 @@ def test_replay_with_ids_now_out_of_range_is_rejected_and_replays_nothing(backen
     assert pool.eq(0).all() and staging.eq(0).all()
 
 
-def _invalidate_args(dgi_rows: int = 2, slots: int = 4) -> tuple[torch.Tensor, ...]:
-    dgi = torch.tensor([[5, 6, 7, -1], [5, 9, -1, -1]], dtype=torch.int32)[:dgi_rows, :slots]
+def _invalidate_args(backend) -> tuple[torch.Tensor, ...]:
+    """vLLM 0.34.0's invalidation: the table by address (registered with the backend), rows and slots."""
+    dgi = torch.tensor([[5, 6, 7, -1], [5, 9, -1, -1]], dtype=torch.int32)
+    backend.register_cache_op_table(dgi)
+    pointers = torch.tensor([dgi.data_ptr()], dtype=torch.int64)
     state = torch.tensor([1, 0], dtype=torch.int32)  # request row 0 uses state row 1, row 1 state row 0
     req_id_per_token = torch.tensor([0, 1], dtype=torch.int32)
     written = torch.tensor([5, 5], dtype=torch.int64)
-    return dgi, state, req_id_per_token, written
+    return dgi, pointers, state, req_id_per_token, written
 
 
 def test_captured_cache_op_runs_on_replay_with_the_values_written_in_place(backend):
     ops = backend.create_cache_ops(runtime=None)
-    dgi, state, req_id_per_token, written = _invalidate_args()
+    dgi, pointers, state, req_id_per_token, written = _invalidate_args(backend)
     with backend.capture() as graph:
-        ops.invalidate_written_slots(dgi, state, req_id_per_token, written)
+        ops.hisparse_invalidate_written_slots(pointers, state, req_id_per_token, written, 2, 4)
     assert graph.operations == ("invalidate_written_slots",)
     assert dgi.tolist() == [[5, 6, 7, -1], [5, 9, -1, -1]]  # nothing ran during the capture
     written.copy_(torch.tensor([9, 6]))  # the step's written rows, updated in place before the replay
@@ -246,10 +249,10 @@ def test_captured_cache_op_runs_on_replay_with_the_values_written_in_place(backe
 
 def test_cache_op_with_bad_arguments_is_refused_at_capture_and_records_nothing(backend):
     ops = backend.create_cache_ops(runtime=None)
-    dgi, state, req_id_per_token, written = _invalidate_args()
+    dgi, pointers, state, req_id_per_token, written = _invalidate_args(backend)
     with backend.capture() as graph:
         with pytest.raises(InvalidArgumentError, match=r"written_slots.*int64"):
-            ops.invalidate_written_slots(dgi, state, req_id_per_token, written.to(torch.int32))
+            ops.hisparse_invalidate_written_slots(pointers, state, req_id_per_token, written.to(torch.int32), 2, 4)
     assert graph.operations == ()
     graph.replay()
     assert dgi.tolist() == [[5, 6, 7, -1], [5, 9, -1, -1]]

@@ -1,13 +1,14 @@
-"""HiSparse per-step cache ops (vLLM 0.33.0's four ``hisparse_*`` ops) as portable implementations.
+"""HiSparse per-step cache ops (vLLM 0.34.0's four ``hisparse_*`` ops) as portable implementations.
 
-Invariant: every implementation (``oracle``, ``torch_impl``, ``host_impl``, ``triton_impl``) takes the same
-arguments, checks them with :mod:`.arguments` first, and produces bit-identical outputs and state; ``oracle``
-defines them. Semantics: docs/design/cache-ops.md.
+Invariant: every implementation (``oracle``, ``torch_impl``, ``host_impl``, ``triton_impl``) exposes the same
+four functions with vLLM 0.34.0's positional signatures (:mod:`.signatures`), checks them with
+:mod:`.arguments` first, and produces bit-identical outputs and state; ``oracle`` defines them. Semantics:
+docs/design/cache-ops.md.
 """
 
 from __future__ import annotations
 
 # Importing ``library`` defines torch.ops.hisparse_hal.* (idempotent).
-from . import arguments, host_impl, library, oracle, sequences, torch_impl
+from . import arguments, host_impl, library, oracle, sequences, signatures, tables, torch_impl
 
-__all__ = ["arguments", "host_impl", "library", "oracle", "sequences", "torch_impl"]
+__all__ = ["arguments", "host_impl", "library", "oracle", "sequences", "signatures", "tables", "torch_impl"]

@@ -1,26 +1,39 @@
-"""Host-side checks of the four cache ops' arguments, shared by every implementation.
+"""Host-side checks of the four cache ops' arguments (vLLM 0.34.0 schemas), shared by every implementation.
 
-Invariant: only metadata is read (type, dtype, device, shape, strides, Python ints), never tensor values, so a
-check never synchronizes with the device. A failed check raises ``InvalidArgumentError`` naming the argument,
-its value and what was expected, before anything is written.
+Each ``check_*`` takes an op's arguments in vLLM's positional order and returns one frozen bundle
+(:class:`ResolveInputs`, :class:`GatherInputs`, :class:`InvalidateInputs`) that every implementation's phases
+read, so a schema change is an edit here and in :mod:`.signatures`, not in every implementation.
+
+Invariant: only metadata is read (type, dtype, device, shape, strides, Python ints, the table registry's
+addresses), never tensor values, so a check never synchronizes with the device. A failed check raises
+``InvalidArgumentError`` naming the argument, its value and what was expected, before anything is written.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from hisparse_hal.errors import InvalidArgumentError
 
+from . import tables as table_registry
+
 __all__ = [
     "MAX_HOT_SLOTS",
+    "GatherInputs",
+    "InvalidateInputs",
+    "ResolveInputs",
     "check_gather_compact",
     "check_gather_plan",
     "check_invalidate_written_slots",
     "check_resolve_residency",
+    "MAX_TABLES",
     "row_bytes",
 ]
 
-#: Slots are int16 in ``lru_slots``, so a hot region holds at most 2**15 of them (vLLM 0.33.0 checks the same).
+#: Slots are int16 in ``lru_slots``, so a hot region holds at most 2**15 of them (vLLM 0.34.0 checks the same,
+#: ``hisparse_kernels.cu:1014-1260``).
 MAX_HOT_SLOTS = 1 << 15
 _ROW_ALIGN = 16
 _I32 = torch.int32
@@ -54,7 +67,7 @@ def _int(name: str, value: object, low: int | None = None, high: int | None = No
 
 def _dtype(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
     if tensor.dtype != dtype:
-        raise _fail(name, _describe(tensor), f"dtype {dtype}; allocate it as {dtype} (vLLM 0.33.0 passes {dtype})")
+        raise _fail(name, _describe(tensor), f"dtype {dtype}; allocate it as {dtype} (vLLM 0.34.0 passes {dtype})")
 
 
 def _ndim(name: str, tensor: torch.Tensor, ndim: int) -> None:
@@ -118,17 +131,16 @@ def _rows_contiguous(name: str, cache: torch.Tensor) -> None:
         raise _fail(name, _describe(cache), "rows of a block stored back to back (stride(1) == row width)")
 
 
-def _hot_cache(hot_cache: object, device: torch.device, *, staging_allowed: bool) -> tuple[torch.Tensor, int]:
+def _hot_cache(hot_cache: object, device: torch.device) -> tuple[torch.Tensor, int]:
     hot = _tensor("hot_cache", hot_cache)
     assert hot is not None
-    if hot.dim() != 3 and not (staging_allowed and hot.dim() == 2):
-        expected = "a 3-D paged cache [blocks, block_size, row_width]"
-        raise _fail("hot_cache", _describe(hot), expected + (" or a 2-D staging buffer" if staging_allowed else ""))
+    if hot.dim() != 3:  # vLLM 0.34.0 dropped the 2-D staging form (hisparse_kernels.cu:1339-1403)
+        raise _fail("hot_cache", _describe(hot), "a 3-D paged cache [num_blocks, block_size, row_width]")
     _device("hot_cache", hot, device)
     _rows_contiguous("hot_cache", hot)
     row_bytes("hot_cache", hot)
-    block_size = hot.size(1) if hot.dim() == 3 else 1
-    if hot.dim() == 3 and block_size <= 0:
+    block_size = hot.size(1)
+    if block_size <= 0:
         raise _fail("hot_cache", _describe(hot), "a positive block size (dimension 1)")
     rows = hot.size(0) * block_size
     if rows >= 1 << 31:
@@ -144,6 +156,120 @@ def _same_row_bytes(host: torch.Tensor, hot: torch.Tensor) -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class ResolveInputs:
+    """``hisparse_resolve_residency``'s 23 arguments, checked, plus the geometry every phase needs.
+
+    Field names and order are vLLM 0.34.0's schema (design note §3.1); the derived fields follow.
+    """
+
+    host_cache: torch.Tensor
+    hot_cache: torch.Tensor
+    hot_block_table: torch.Tensor
+    global_indices: torch.Tensor
+    hot_indices: torch.Tensor
+    device_global_indices: torch.Tensor
+    lru_slots: torch.Tensor
+    request_state_indices: torch.Tensor | None
+    region_stride: int
+    max_union_rows: int
+    stats: torch.Tensor | None
+    attention_indices: torch.Tensor | None
+    attention_block_stride: int
+    request_ids: torch.Tensor | None
+    source_block_table: torch.Tensor | None
+    source_block_size: int
+    valid_counts: torch.Tensor | None
+    swap_host_physical_rows: torch.Tensor | None
+    swap_device_physical_rows: torch.Tensor | None
+    swap_counts: torch.Tensor | None
+    resident_block_table: torch.Tensor | None
+    resident_block_size: int
+    num_valid_rows: torch.Tensor | None
+    # derived geometry
+    num_rows: int
+    top_k: int
+    host_rows: int
+    block_size: int
+    hot_size: int
+    num_states: int
+    device: torch.device
+
+    @property
+    def empty(self) -> bool:
+        """No rows or no top-k columns: the op does nothing (``hisparse_kernels.cu:1014-1260``)."""
+        return self.num_rows == 0 or self.top_k == 0
+
+    @property
+    def has_swaps(self) -> bool:
+        """The three swap outputs are given (they are given together or not at all)."""
+        return self.swap_counts is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherInputs:
+    """``hisparse_gather_plan``'s or ``hisparse_gather_compact``'s 5 arguments, checked, with geometry.
+
+    ``selector`` is ``miss_mask`` (plan: copy where nonzero) or ``miss_counts`` (compact: the first
+    ``clamp(count, 0, columns)`` columns), as ``compact`` says.
+    """
+
+    host_cache: torch.Tensor
+    hot_cache: torch.Tensor
+    global_indices: torch.Tensor
+    hot_indices: torch.Tensor
+    selector: torch.Tensor
+    compact: bool
+    num_rows: int
+    columns: int
+    host_rows: int
+    block_size: int
+    hot_rows: int
+    device: torch.device
+
+    @property
+    def empty(self) -> bool:
+        return self.num_rows == 0 or self.columns == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class InvalidateInputs:
+    """``hisparse_invalidate_written_slots``'s 6 arguments, checked, with the candidate tables.
+
+    ``tables`` are the registered tables (:mod:`.tables`) of shape ``[num_state_rows, region_stride]`` on the
+    ops' device, in address order; ``addresses`` their ``data_ptr()`` values. Which of them the pointer tensor
+    names is a value, resolved by each implementation (on the device where reading it would sync).
+    """
+
+    device_global_indices_ptrs: torch.Tensor
+    request_state_indices: torch.Tensor
+    req_id_per_token: torch.Tensor
+    written_slots: torch.Tensor
+    num_state_rows: int
+    region_stride: int
+    tables: tuple[torch.Tensor, ...]
+    addresses: tuple[int, ...]
+    device: torch.device
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to do: no group, no token, or empty tables."""
+        return (self.device_global_indices_ptrs.numel() == 0 or self.written_slots.numel() == 0
+                or self.num_state_rows == 0 or self.region_stride == 0)
+
+
+def _vector(name: str, value: object, dtype: torch.dtype, device: torch.device, *, optional: bool = False,
+            contiguous: bool = True) -> torch.Tensor | None:
+    vector = _tensor(name, value, optional=optional)
+    if vector is not None:
+        _dtype(name, vector, dtype)
+        _ndim(name, vector, 1)
+        _device(name, vector, device)
+        if contiguous:
+            _contiguous(name, vector)
+    return vector
+
+
 def check_resolve_residency(
     host_cache: object,
     hot_cache: object,
@@ -155,29 +281,29 @@ def check_resolve_residency(
     request_state_indices: object,
     region_stride: object,
     max_union_rows: object,
-    miss_mask: object,
-    stats: object,
-    attention_indices: object,
-    attention_block_stride: object,
-    request_ids: object,
-    source_block_table: object,
-    source_block_size: object,
-    resolved_global_indices: object,
-    valid_counts: object,
-    swap_host_physical_rows: object,
-    swap_device_physical_rows: object,
-    swap_counts: object,
-    resident_block_table: object,
-    resident_block_size: object,
-    resident_null_block: object,
-    *,
-    error_flags: object = None,
-) -> None:
-    """Check ``resolve_residency``'s arguments as vLLM 0.33.0's op does, plus ``error_flags``.
+    stats: object = None,
+    attention_indices: object = None,
+    attention_block_stride: object = 0,
+    request_ids: object = None,
+    source_block_table: object = None,
+    source_block_size: object = 0,
+    valid_counts: object = None,
+    swap_host_physical_rows: object = None,
+    swap_device_physical_rows: object = None,
+    swap_counts: object = None,
+    resident_block_table: object = None,
+    resident_block_size: object = 0,
+    num_valid_rows: object = None,
+) -> ResolveInputs:
+    """Check ``resolve_residency``'s arguments as vLLM 0.34.0's op does (design note §3.2) and bundle them.
 
     The index tensors' device is ``global_indices.device``; every tensor but ``host_cache`` (read for its
-    geometry only) must be on it. ``max_union_rows`` is not checked when the batch is empty (``N == 0`` or
-    ``K == 0``), as in vLLM's kernel.
+    geometry only) must be on it. ``max_union_rows`` is range-checked only for a non-empty batch, as in
+    vLLM's kernel. vLLM's shared-memory bound is not applied: no implementation here keeps the union in
+    shared memory.
+
+    Returns:
+        The checked :class:`ResolveInputs`.
 
     Raises:
         InvalidArgumentError: naming the first bad argument, its value and what was expected.
@@ -189,8 +315,8 @@ def check_resolve_residency(
     _unit_last_stride("global_indices", topk)
     device = topk.device
     num_rows, top_k = topk.shape
-    _host_cache(host_cache)
-    _, block_size = _hot_cache(hot_cache, device, staging_allowed=False)
+    host = _host_cache(host_cache)
+    hot, block_size = _hot_cache(hot_cache, device)
 
     hot_out = _tensor("hot_indices", hot_indices)
     assert hot_out is not None
@@ -212,29 +338,20 @@ def check_resolve_residency(
         raise _fail("lru_slots", f"{hot_size} slots per state row", f"at least top_k = {top_k} slots")
     if hot_size > MAX_HOT_SLOTS:
         raise _fail("lru_slots", f"{hot_size} slots per state row", f"at most {MAX_HOT_SLOTS} (slots are int16)")
-    _int("region_stride", region_stride, hot_size, hot_size, " (it must equal lru_slots.size(1))")
+    _int("region_stride", region_stride, hot_size, hot_size,
+         " (it must equal device_global_indices.size(1), the hot slots per state row)")
 
-    states = _tensor("request_state_indices", request_state_indices, optional=True)
-    if states is not None:
-        _dtype("request_state_indices", states, _I32)
-        _ndim("request_state_indices", states, 1)
-        _device("request_state_indices", states, device)
-        _contiguous("request_state_indices", states)
-    elif num_states < num_rows:
+    states = _vector("request_state_indices", request_state_indices, _I32, device, optional=True)
+    if states is None and num_states < num_rows:
         raise _fail(
             "device_global_indices", f"{num_states} state rows",
             f"at least {num_rows} (one per batch row) when request_state_indices is None",
         )
 
-    for name, value in (("miss_mask", miss_mask), ("resolved_global_indices", resolved_global_indices)):
-        out = _tensor(name, value, optional=True)
-        if out is not None:
-            _int32_matrix(name, out, device, (num_rows, top_k))
-            _contiguous(name, out)
-
     counters = _tensor("stats", stats, optional=True)
     if counters is not None:
-        _dtype("stats", counters, torch.uint64)
+        if counters.dtype not in (torch.uint64, torch.int64):
+            raise _fail("stats", _describe(counters), "dtype torch.uint64 (vLLM's stats_dtype) or torch.int64")
         _shape("stats", counters, (2,))
         _device("stats", counters, device)
         _contiguous("stats", counters)
@@ -267,6 +384,7 @@ def check_resolve_residency(
     table = _tensor("hot_block_table", hot_block_table)
     assert table is not None
     _int32_matrix("hot_block_table", table, device, None)
+    _unit_last_stride("hot_block_table", table)
     needed_rows = source.size(0) if source is not None else num_rows
     if table.size(0) < needed_rows:
         raise _fail("hot_block_table", _describe(table), f"at least {needed_rows} rows (one per request row)")
@@ -276,7 +394,7 @@ def check_resolve_residency(
                     f"at least {needed_cols} columns (ceil({hot_size} slots / block size {block_size}))")
 
     counts = _tensor("valid_counts", valid_counts, optional=True)
-    if counts is not None:
+    if counts is not None:  # vLLM's own tests pass row-strided views here: any stride
         _dtype("valid_counts", counts, _I32)
         _shape("valid_counts", counts, (num_rows,))
         _device("valid_counts", counts, device)
@@ -292,7 +410,7 @@ def check_resolve_residency(
         raise _fail(absent[0], "None", f"a tensor because {present[0]} is given (pass all three swap outputs or none)")
     for name in ("swap_host_physical_rows", "swap_device_physical_rows"):
         out = swaps[name]
-        if out is not None:
+        if out is not None:  # one flat [rows * top_k] plan (design note §3.3 step 4)
             _int32_matrix(name, out, device, (num_rows, top_k))
             _contiguous(name, out)
     swap_count = swaps["swap_counts"]
@@ -304,43 +422,77 @@ def check_resolve_residency(
             raise _fail("swap_counts", _describe(swap_count), f"at least {num_rows} elements (one per row)")
 
     _int("resident_block_size", resident_block_size)
-    _int("resident_null_block", resident_null_block, 0, None)
     resident = _tensor("resident_block_table", resident_block_table, optional=True)
     if resident is not None:
-        if requests is None:
-            raise _fail("request_ids", "None", "a tensor: the resident lookup needs request_ids and source_block_table")
+        if source is None:
+            raise _fail("source_block_table", "None",
+                        "a tensor: resident_block_table is given, and the resident lookup needs a source table")
         _int32_matrix("resident_block_table", resident, device, None)
         _unit_last_stride("resident_block_table", resident)
         _int("resident_block_size", resident_block_size, block_size, block_size,
              " (the hot block size, when resident_block_table is given)")
 
-    flags = _tensor("error_flags", error_flags, optional=True)
-    if flags is not None:
-        _dtype("error_flags", flags, _I32)
-        _shape("error_flags", flags, (1,))
-        _device("error_flags", flags, device)
+    valid_rows = _tensor("num_valid_rows", num_valid_rows, optional=True)
+    if valid_rows is not None:
+        if requests is None:
+            raise _fail("request_ids", "None", "a tensor: num_valid_rows is given, and it masks request_ids")
+        _dtype("num_valid_rows", valid_rows, _I32)
+        if valid_rows.numel() != 1:
+            raise _fail("num_valid_rows", _describe(valid_rows), "one int32 element (query_start_loc[-1:])")
+        _device("num_valid_rows", valid_rows, device)
 
     if num_rows and top_k:
         _int("max_union_rows", max_union_rows, 1, hot_size, f" (1 to the {hot_size} hot slots)")
     else:
         _int("max_union_rows", max_union_rows)
+    assert isinstance(region_stride, int) and isinstance(max_union_rows, int)
+    assert isinstance(attention_block_stride, int) and isinstance(source_block_size, int)
+    assert isinstance(resident_block_size, int)
+    return ResolveInputs(
+        host, hot, table, topk, hot_out, dgi, lru, states, region_stride, max_union_rows, counters, attention,
+        attention_block_stride, requests, source, source_block_size, counts,
+        swaps["swap_host_physical_rows"], swaps["swap_device_physical_rows"], swap_count, resident,
+        resident_block_size, valid_rows,
+        num_rows=num_rows, top_k=top_k, host_rows=host.size(0), block_size=block_size, hot_size=hot_size,
+        num_states=num_states, device=device,
+    )
 
 
-def _gather_sources_and_caches(
-    name: str, plan: object, host_cache: object, hot_cache: object, staging_allowed: bool
-) -> tuple[torch.Tensor, int]:
-    """The two gathers' common checks: a contiguous int32 ``[R, C]`` plan of host rows, a host cache on its
-    device and a hot cache with the same row bytes. Returns the plan and the hot cache's block size."""
-    sources = _tensor(name, plan)
+def _check_gather(
+    host_cache: object, hot_cache: object, global_indices: object, hot_indices: object, selector: object,
+    names: tuple[str, str, str], compact: bool,
+) -> GatherInputs:
+    """The two gathers' checks (``hisparse_kernels.cu:1339-1452``): a contiguous int32 ``[R, C]`` plan, a 2-D
+    contiguous host cache on the plan's device and a 3-D hot cache with contiguous rows of the same bytes."""
+    source_name, target_name, selector_name = names
+    sources = _tensor(source_name, global_indices)
     assert sources is not None
     device = sources.device
-    _int32_matrix(name, sources, device, None)
-    _contiguous(name, sources)
+    _int32_matrix(source_name, sources, device, None)
+    _contiguous(source_name, sources)
     host = _host_cache(host_cache)
-    hot, block_size = _hot_cache(hot_cache, device, staging_allowed=staging_allowed)
+    hot, block_size = _hot_cache(hot_cache, device)
     _device("host_cache", host, device)
     _same_row_bytes(host, hot)
-    return sources, block_size
+    targets = _tensor(target_name, hot_indices)
+    assert targets is not None
+    _int32_matrix(target_name, targets, device, tuple(sources.shape))
+    _contiguous(target_name, targets)
+    chosen = _tensor(selector_name, selector)
+    assert chosen is not None
+    if compact:
+        _dtype(selector_name, chosen, _I32)
+        _device(selector_name, chosen, device)
+        _contiguous(selector_name, chosen)
+        if chosen.numel() < sources.size(0):
+            raise _fail(selector_name, _describe(chosen), f"at least {sources.size(0)} elements (one per plan row)")
+    else:
+        _int32_matrix(selector_name, chosen, device, tuple(sources.shape))
+        _contiguous(selector_name, chosen)
+    return GatherInputs(
+        host, hot, sources, targets, chosen, compact, num_rows=sources.size(0), columns=sources.size(1),
+        host_rows=host.size(0), block_size=block_size, hot_rows=hot.size(0) * block_size, device=device,
+    )
 
 
 def check_gather_compact(
@@ -349,26 +501,14 @@ def check_gather_compact(
     miss_global_indices: object,
     miss_hot_indices: object,
     miss_counts: object,
-) -> None:
-    """Check ``gather_compact``'s arguments: 2-D host cache, 3-D hot cache of equal row bytes, int32 plan.
+) -> GatherInputs:
+    """Check ``gather_compact``'s arguments (vLLM 0.34.0, ``hisparse_kernels.cu:1405-1452``) and bundle them.
 
     Raises:
         InvalidArgumentError: naming the first bad argument, its value and what was expected.
     """
-    sources, _ = _gather_sources_and_caches("miss_global_indices", miss_global_indices, host_cache, hot_cache,
-                                            staging_allowed=False)
-    device = sources.device
-    targets = _tensor("miss_hot_indices", miss_hot_indices)
-    assert targets is not None
-    _int32_matrix("miss_hot_indices", targets, device, tuple(sources.shape))
-    _contiguous("miss_hot_indices", targets)
-    counts = _tensor("miss_counts", miss_counts)
-    assert counts is not None
-    _dtype("miss_counts", counts, _I32)
-    _device("miss_counts", counts, device)
-    _contiguous("miss_counts", counts)
-    if counts.numel() < sources.size(0):
-        raise _fail("miss_counts", _describe(counts), f"at least {sources.size(0)} elements (one per plan row)")
+    return _check_gather(host_cache, hot_cache, miss_global_indices, miss_hot_indices, miss_counts,
+                         ("miss_global_indices", "miss_hot_indices", "miss_counts"), compact=True)
 
 
 def check_gather_plan(
@@ -377,70 +517,49 @@ def check_gather_plan(
     global_indices: object,
     hot_indices: object,
     miss_mask: object,
-    request_state_indices: object,
-    attention_indices: object,
-    attention_block_stride: object,
-) -> None:
-    """Check ``gather_plan``'s arguments: a 2-D (staging) or 3-D (paged) hot cache, int32 ``[R, C]`` plans.
+) -> GatherInputs:
+    """Check ``gather_plan``'s arguments (vLLM 0.34.0, ``hisparse_kernels.cu:1339-1403``) and bundle them.
 
     Raises:
         InvalidArgumentError: naming the first bad argument, its value and what was expected.
     """
-    sources, block_size = _gather_sources_and_caches("global_indices", global_indices, host_cache, hot_cache,
-                                                     staging_allowed=True)
-    device = sources.device
-    for name, value in (("hot_indices", hot_indices), ("miss_mask", miss_mask)):
-        plan = _tensor(name, value)
-        assert plan is not None
-        _int32_matrix(name, plan, device, tuple(sources.shape))
-        _contiguous(name, plan)
-    states = _tensor("request_state_indices", request_state_indices, optional=True)
-    if states is not None:
-        _dtype("request_state_indices", states, _I32)
-        _device("request_state_indices", states, device)
-        _contiguous("request_state_indices", states)
-        if states.numel() < sources.size(0):
-            raise _fail("request_state_indices", _describe(states),
-                        f"at least {sources.size(0)} elements (it is indexed by plan row)")
-    _int("attention_block_stride", attention_block_stride)
-    attention = _tensor("attention_indices", attention_indices, optional=True)
-    if attention is not None:
-        _int32_matrix("attention_indices", attention, device, tuple(sources.shape))
-        _contiguous("attention_indices", attention)
-        _int("attention_block_stride", attention_block_stride, block_size, None,
-             f" (at least the hot block size {block_size} when attention_indices is given)")
+    return _check_gather(host_cache, hot_cache, global_indices, hot_indices, miss_mask,
+                         ("global_indices", "hot_indices", "miss_mask"), compact=False)
+
+
+#: Most tables one invalidation call may name (vLLM's grid bound, ``hisparse_kernels.cu:896-1012``).
+MAX_TABLES = 65535
 
 
 def check_invalidate_written_slots(
-    device_global_indices: object,
+    device_global_indices_ptrs: object,
     request_state_indices: object,
     req_id_per_token: object,
     written_slots: object,
-) -> None:
-    """Check ``invalidate_written_slots``'s arguments: int32 DGI and ids, int64 slots, one per token.
+    num_state_rows: object,
+    region_stride: object,
+) -> InvalidateInputs:
+    """Check ``invalidate_written_slots``'s arguments (design note §3.6) and bundle them with the candidate tables.
 
     Raises:
         InvalidArgumentError: naming the first bad argument, its value and what was expected.
     """
-    dgi = _tensor("device_global_indices", device_global_indices)
-    assert dgi is not None
-    device = dgi.device
-    _int32_matrix("device_global_indices", dgi, device, None)
-    _contiguous("device_global_indices", dgi)
-    vectors = {}
-    for name, value, dtype in (
-        ("request_state_indices", request_state_indices, _I32),
-        ("req_id_per_token", req_id_per_token, _I32),
-        ("written_slots", written_slots, torch.int64),
-    ):
-        vector = _tensor(name, value)
-        assert vector is not None
-        _dtype(name, vector, dtype)
-        _ndim(name, vector, 1)
-        _device(name, vector, device)
-        _contiguous(name, vector)
-        vectors[name] = vector
-    tokens, slots = vectors["req_id_per_token"], vectors["written_slots"]
+    pointers = _tensor("device_global_indices_ptrs", device_global_indices_ptrs)
+    assert pointers is not None
+    device = pointers.device
+    _vector("device_global_indices_ptrs", pointers, torch.int64, device)
+    if pointers.numel() > MAX_TABLES:
+        raise _fail("device_global_indices_ptrs", _describe(pointers), f"at most {MAX_TABLES} table addresses")
+    states = _vector("request_state_indices", request_state_indices, _I32, device)
+    tokens = _vector("req_id_per_token", req_id_per_token, _I32, device)
+    slots = _vector("written_slots", written_slots, torch.int64, device)
+    assert states is not None and tokens is not None and slots is not None
     if slots.numel() != tokens.numel():
         raise _fail("written_slots", _describe(slots),
                     f"{tokens.numel()} elements, one per entry of req_id_per_token")
+    rows = _int("num_state_rows", num_state_rows, 0, None)
+    width = _int("region_stride", region_stride, 0, MAX_HOT_SLOTS)
+    candidates = tuple(t for t in table_registry.registered_tables()
+                       if tuple(t.shape) == (rows, width) and t.device == device)
+    return InvalidateInputs(pointers, states, tokens, slots, rows, width, candidates,
+                            tuple(t.data_ptr() for t in candidates), device)

@@ -1,4 +1,4 @@
-"""The four cache ops for tensors in host memory (the CPU device): gathers that copy only the planned rows.
+"""The four vLLM 0.34.0 cache ops for tensors in host memory (the CPU device): gathers copy only planned rows.
 
 Invariant: outputs, state and untouched entries are bit-equal to ``oracle.py``. Unlike ``torch_impl`` it reads
 values on the host (boolean masks, ``nonzero``): on the CPU device that costs nothing and nothing is captured as
@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from . import arguments, torch_impl
+from . import torch_impl
+from .arguments import GatherInputs
+from .signatures import vllm_ops
 from .torch_impl import word_rows
 
-__all__ = ["gather_compact", "gather_plan", "invalidate_written_slots", "resolve_residency", "word_rows"]
+__all__ = ["gather", "gather_compact", "gather_plan", "invalidate_written_slots", "resolve_residency", "word_rows"]
 
 _I64 = torch.int64
 #: Rows per index_select / index_copy_ round: 8,192 rows of 656 B (5.4 MiB). At 64 requests 512 rows
@@ -21,8 +23,7 @@ _CHUNK_ROWS = 8192
 
 # Planning and invalidation have no row copies to save: they are torch_impl's vectorized code (no per-value
 # Python), which already costs a small fraction of the oracle (docs/benchmarks.md).
-resolve_residency = torch_impl.resolve_residency
-invalidate_written_slots = torch_impl.invalidate_written_slots
+# On the CPU device torch_impl reads the union bound and the table addresses to raise typed errors.
 
 
 def _copy_planned_rows(host_cache: torch.Tensor, hot_cache: torch.Tensor, source: torch.Tensor,
@@ -43,8 +44,6 @@ def _copy_planned_rows(host_cache: torch.Tensor, hot_cache: torch.Tensor, source
     source, destination = source[keep], ordered[last]
     host = word_rows(host_cache)
     hot = word_rows(hot_cache)
-    if hot.dim() == 2:
-        hot = hot.unsqueeze(1)
     blocks, block_size, words = hot.shape
     flat = hot.view(blocks * block_size, words) if hot.stride(0) == block_size * words else None
     host_rows = host.shape[0]
@@ -64,58 +63,17 @@ def _copy_planned_rows(host_cache: torch.Tensor, hot_cache: torch.Tensor, source
             hot.index_put_((dst // block_size, dst % block_size), rows)
 
 
-def gather_compact(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    miss_global_indices: torch.Tensor,
-    miss_hot_indices: torch.Tensor,
-    miss_counts: torch.Tensor,
-) -> None:
-    """Copy the first ``clamp(miss_counts[r], 0, K)`` planned rows of every row ``r`` from host to hot.
-
-    A host row past the end zero-fills its destination; a negative host row or a destination outside the hot
-    cache is skipped; a destination named twice ends with the later entry. Arguments as vLLM 0.33.0's
-    ``hisparse_gather_compact``.
-
-    Raises:
-        InvalidArgumentError: a dtype, shape, device or stride check failed (nothing is copied).
-    """
-    arguments.check_gather_compact(host_cache, hot_cache, miss_global_indices, miss_hot_indices, miss_counts)
-    num_rows, top_k = miss_global_indices.shape
-    if num_rows == 0 or top_k == 0:
+def gather(inputs: GatherInputs) -> None:
+    """``hisparse_gather_plan`` / ``hisparse_gather_compact`` on checked inputs, copying only the entries
+    :func:`torch_impl.plan_gather` selects (boolean indexing: free on host memory)."""
+    if inputs.empty:
         return
-    hot_rows = hot_cache.shape[0] * hot_cache.shape[1]
-    count = miss_counts.reshape(-1)[:num_rows].to(_I64).clamp(0, top_k)
-    planned = torch.arange(top_k, dtype=_I64)[None, :] < count[:, None]
-    source = miss_global_indices[planned].to(_I64)
-    destination = miss_hot_indices[planned].to(_I64)
-    copies = (source >= 0) & (destination >= 0) & (destination < hot_rows)
-    _copy_planned_rows(host_cache, hot_cache, source[copies], destination[copies])
+    source, destination, write = torch_impl.plan_gather(inputs)
+    _copy_planned_rows(inputs.host_cache, inputs.hot_cache, source[write], destination[write])
 
 
-def gather_plan(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    global_indices: torch.Tensor,
-    hot_indices: torch.Tensor,
-    miss_mask: torch.Tensor,
-    request_state_indices: torch.Tensor | None = None,
-    attention_indices: torch.Tensor | None = None,
-    attention_block_stride: int = 0,
-) -> None:
-    """Copy host row ``global_indices[r, c]`` to hot row ``hot_indices[r, c]`` wherever ``miss_mask`` is set.
-
-    ``request_state_indices[r] < 0`` marks padding row ``r`` (nothing copied, attention -1). A 2-D hot cache is
-    a staging buffer with block size 1. Arguments as vLLM 0.33.0's ``hisparse_gather_plan``.
-
-    Raises:
-        InvalidArgumentError: a dtype, shape, device or stride check failed (nothing is copied).
-    """
-    planned = torch_impl.plan_gather_plan(
-        host_cache, hot_cache, global_indices, hot_indices, miss_mask, request_state_indices,
-        attention_indices, attention_block_stride,
-    )
-    if planned is None:
-        return
-    source, destination, copies = planned
-    _copy_planned_rows(host_cache, hot_cache, source[copies], destination[copies])
+_OPS = vllm_ops(torch_impl.resolve, gather, torch_impl.invalidate)
+resolve_residency = _OPS.resolve_residency
+gather_compact = _OPS.gather_compact
+gather_plan = _OPS.gather_plan
+invalidate_written_slots = _OPS.invalidate_written_slots

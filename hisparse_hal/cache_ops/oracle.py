@@ -1,37 +1,39 @@
-"""Reference implementation of the four cache ops: plain per-request Python over ints, slow and obviously right.
+"""Reference implementation of the four vLLM 0.34.0 cache ops: plain Python over ints, slow and obviously right.
 
-Invariant: it follows docs/design/cache-ops.md line by line and writes exactly the outputs the doc says are
-written (everything else keeps its prior, e.g. poisoned, value). Other implementations must equal it bit for bit.
-It reads tensors back with ``.tolist()``, so it syncs; use it in tests and benchmarks only.
+Invariant: it follows docs/design/cache-ops.md phase by phase (each phase is one function here, named as in the
+doc) and writes exactly the outputs the doc says are written; everything else keeps its prior (e.g. poisoned)
+value. Every check, including the union bound, happens before the first write. Other implementations must
+equal it bit for bit. It reads tensors back with ``.tolist()``, so it syncs: tests and benchmarks only.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from . import arguments
+from hisparse_hal.errors import UnionOverflowError, UnknownTableError
 
-__all__ = [
-    "FLAG_LRU_TRIPWIRE",
-    "FLAG_SHARED_STATE_ROW",
-    "FLAG_UNION_OVERFLOW",
-    "gather_compact",
-    "gather_plan",
-    "invalidate_written_slots",
-    "resolve_residency",
-]
+from .arguments import GatherInputs, InvalidateInputs, ResolveInputs
+from .signatures import vllm_ops
 
-#: ``error_flags`` bits (our extension; vLLM's kernel traps or races instead).
-FLAG_UNION_OVERFLOW = 1
-FLAG_LRU_TRIPWIRE = 2
-FLAG_SHARED_STATE_ROW = 4
+__all__ = ["gather_compact", "gather_plan", "invalidate_written_slots", "resolve_residency"]
 
 _U64 = 1 << 64
+_INT32_MAX = (1 << 31) - 1
 _HIT, _MISS, _INVALID = "hit", "miss", "invalid"
 
 
+def _wrapped(values: list) -> list:
+    """Values as int64 two's complement (decision D8: an int32 output keeps the low 32 bits, as torch's
+    ``copy_`` and Triton's ``.to(tl.int32)`` do)."""
+    if values and isinstance(values[0], list):
+        return [_wrapped(row) for row in values]
+    return [((v + (1 << 63)) % _U64) - (1 << 63) for v in values]
+
+
 class _Out:
-    """An output tensor read into nested lists (keeping untouched values), written back by :meth:`store`."""
+    """An output tensor read into (nested) lists, keeping untouched values; written back by :meth:`store`."""
 
     def __init__(self, tensor: torch.Tensor | None, flat: bool = False) -> None:
         self.tensor = tensor
@@ -50,337 +52,348 @@ class _Out:
         if self.tensor is None:
             return
         values = torch.tensor(_wrapped(self.values), dtype=torch.int64).to(self.tensor.dtype)
-        if self.flat:
-            self.tensor.copy_(values.view(self.tensor.shape))
+        self.tensor.copy_(values.view(self.tensor.shape) if self.flat else values)
+
+
+@dataclasses.dataclass
+class _Run:
+    """A maximal block of consecutive rows ``[first, end)`` with one request (phase 0)."""
+
+    first: int
+    end: int
+    request: int
+    state: int  # -1: a padding run
+    positions: list[list[tuple[int, int]]] = dataclasses.field(default_factory=list)  # (g, resident) per (row, c)
+    union: dict[int, int] = dataclasses.field(default_factory=dict)  # host row -> first flat position in the run
+
+
+class _Step:
+    """One resolve call's values as Python lists, and its outputs (written back only at the end)."""
+
+    def __init__(self, inputs: ResolveInputs) -> None:
+        self.inputs = inputs
+        self.topk = inputs.global_indices.tolist()
+        self.hot_table = inputs.hot_block_table.tolist()
+        self.dgi = inputs.device_global_indices.tolist()
+        self.lru = inputs.lru_slots.tolist()
+        self.rsi = inputs.request_state_indices.tolist() if inputs.request_state_indices is not None else None
+        ids = inputs.request_ids
+        self.ids = ids.reshape(-1)[:inputs.num_rows].tolist() if ids is not None else None
+        self.src = inputs.source_block_table.tolist() if inputs.source_block_table is not None else None
+        self.res = inputs.resident_block_table.tolist() if inputs.resident_block_table is not None else None
+        nvr = inputs.num_valid_rows
+        self.valid_rows = min(int(nvr.reshape(-1)[0]), inputs.num_rows) if nvr is not None else inputs.num_rows
+        self.hot_out, self.attention_out = _Out(inputs.hot_indices), _Out(inputs.attention_indices)
+        self.valid_out = _Out(inputs.valid_counts)
+        self.swap_host = _Out(inputs.swap_host_physical_rows, flat=True)
+        self.swap_device = _Out(inputs.swap_device_physical_rows, flat=True)
+        self.swap_count = _Out(inputs.swap_counts, flat=True)
+        self.hits = 0
+        self.misses = 0
+
+
+# ---------------------------------------------------------------------------------------------- resolve phases
+def classify_rows(step: _Step) -> list[_Run]:
+    """Phase 0: each row's request (-1 past ``num_valid_rows``), runs of equal requests, their state rows.
+
+    A later run on a state row an earlier run of this call already uses is a padding run (decision D1).
+    """
+    inputs = step.inputs
+    if step.ids is None:
+        requests = list(range(inputs.num_rows))  # without request_ids each row is its own request
+    else:  # hisparse_kernels.cu:378-389: rows at or past num_valid_rows belong to no request
+        requests = [q if r < step.valid_rows else -1 for r, q in enumerate(step.ids)]
+    runs: list[_Run] = []
+    claimed: set[int] = set()
+    first = 0
+    for r in range(1, inputs.num_rows + 1):
+        if r < inputs.num_rows and requests[r] == requests[first]:
+            continue
+        q = requests[first]
+        if step.rsi is None:
+            state = q
         else:
-            self.tensor.copy_(values)
-
-
-def _wrapped(values: list) -> list:
-    """Values as int64 two's complement (decision 10: an int32 output keeps the low 32 bits, the int64 cast
-    to int32 that torch's ``copy_`` and Triton's ``.to(tl.int32)`` do). Exact int64 stays exact."""
-    if values and isinstance(values[0], list):
-        return [_wrapped(row) for row in values]
-    return [((v + (1 << 63)) % _U64) - (1 << 63) for v in values]
-
-
-def _runs(request_ids: list[int] | None, num_rows: int) -> list[tuple[int, int, int]]:
-    """``(r0, r1, q)`` for each maximal block of equal request ids (every row alone without ids)."""
-    if request_ids is None:
-        return [(r, r + 1, r) for r in range(num_rows)]
-    runs: list[tuple[int, int, int]] = []
-    r0 = 0
-    for r in range(1, num_rows + 1):
-        if r == num_rows or request_ids[r] != request_ids[r0]:
-            runs.append((r0, r, request_ids[r0]))
-            r0 = r
+            state = step.rsi[q] if 0 <= q < len(step.rsi) else -1
+        if not 0 <= state < inputs.num_states or state in claimed:
+            state = -1
+        else:
+            claimed.add(state)
+        runs.append(_Run(first, r, q, state))
+        first = r
     return runs
 
 
-def resolve_residency(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    hot_block_table: torch.Tensor,
-    global_indices: torch.Tensor,
-    hot_indices: torch.Tensor,
-    device_global_indices: torch.Tensor,
-    lru_slots: torch.Tensor,
-    request_state_indices: torch.Tensor | None,
-    region_stride: int,
-    max_union_rows: int,
-    miss_mask: torch.Tensor | None = None,
-    stats: torch.Tensor | None = None,
-    attention_indices: torch.Tensor | None = None,
-    attention_block_stride: int = 0,
-    request_ids: torch.Tensor | None = None,
-    source_block_table: torch.Tensor | None = None,
-    source_block_size: int = 0,
-    resolved_global_indices: torch.Tensor | None = None,
-    valid_counts: torch.Tensor | None = None,
-    swap_host_physical_rows: torch.Tensor | None = None,
-    swap_device_physical_rows: torch.Tensor | None = None,
-    swap_counts: torch.Tensor | None = None,
-    resident_block_table: torch.Tensor | None = None,
-    resident_block_size: int = 0,
-    resident_null_block: int = 0,
-    *,
-    error_flags: torch.Tensor | None = None,
-) -> None:
-    """Plan one decode step (``hisparse_resolve_residency``): translate, hit, evict in LRU order, update state.
+def translate(step: _Step, run: _Run) -> None:
+    """Phase 1: each position's host row ``g`` and resident row, and the run's union (first reference of each g).
 
-    Arguments, order and in-place outputs are vLLM 0.33.0's; ``error_flags`` (int32 ``[1]``) is OR-ed with
-    ``FLAG_UNION_OVERFLOW``, ``FLAG_LRU_TRIPWIRE`` and ``FLAG_SHARED_STATE_ROW``. Moves no KV bytes.
+    Source table by batch request row; resident table by **state** row, block 0 = host
+    (``hisparse_kernels.cu:217-261``); ``g >= host_rows`` is -1.
+    """
+    inputs = step.inputs
+    q, s = run.request, run.state
+    sbs, rbs = inputs.source_block_size, inputs.resident_block_size
+    for r in range(run.first, run.end):
+        row = []
+        for c, t in enumerate(step.topk[r]):
+            g, resident = t, -1
+            if step.src is not None:
+                page = t // sbs if t >= 0 else -1
+                g = -1
+                if 0 <= q < len(step.src) and 0 <= page < len(step.src[q]) and step.src[q][page] > 0:
+                    g = step.src[q][page] * sbs + t % sbs
+                if step.res is not None:
+                    page = t // rbs if t >= 0 else -1
+                    if 0 <= s < len(step.res) and 0 <= page < len(step.res[s]) and step.res[s][page] > 0:
+                        resident = step.res[s][page] * rbs + t % rbs
+            g = -1 if g >= inputs.host_rows else g
+            row.append((g, resident))
+            if resident < 0 and g >= 0 and g not in run.union:
+                run.union[g] = (r - run.first) * inputs.top_k + c
+        run.positions.append(row)
+
+
+def check_union(step: _Step, runs: list[_Run]) -> None:
+    """Phase 2 bound: no run may select more than ``max_union_rows`` host rows (``hisparse_kernels.cu:563-571``
+    traps; decision D2: we raise before any write).
 
     Raises:
-        InvalidArgumentError: an argument fails :func:`arguments.check_resolve_residency` (nothing written).
+        UnionOverflowError: naming the first such run in row order.
     """
-    arguments.check_resolve_residency(
-        host_cache, hot_cache, hot_block_table, global_indices, hot_indices, device_global_indices,
-        lru_slots, request_state_indices, region_stride, max_union_rows, miss_mask, stats,
-        attention_indices, attention_block_stride, request_ids, source_block_table, source_block_size,
-        resolved_global_indices, valid_counts, swap_host_physical_rows, swap_device_physical_rows,
-        swap_counts, resident_block_table, resident_block_size, resident_null_block, error_flags=error_flags,
-    )
-    num_rows, top_k = global_indices.shape
-    if num_rows == 0 or top_k == 0:
-        return
-    host_rows = host_cache.shape[0]
-    block = hot_cache.shape[1]
-    hot_size = region_stride
-    topk = global_indices.tolist()
-    hot_table = hot_block_table.tolist()
-    dgi = device_global_indices.tolist()
-    lru = lru_slots.tolist()
-    states = request_state_indices.tolist() if request_state_indices is not None else None
-    ids = request_ids.reshape(-1)[:num_rows].tolist() if request_ids is not None else None
-    src = source_block_table.tolist() if source_block_table is not None else None
-    res = resident_block_table.tolist() if resident_block_table is not None else None
-    hot_out, attention_out = _Out(hot_indices), _Out(attention_indices)
-    resolved_out, mask_out = _Out(resolved_global_indices), _Out(miss_mask)
-    valid_out = _Out(valid_counts)
-    swap_host, swap_device = _Out(swap_host_physical_rows, flat=True), _Out(swap_device_physical_rows, flat=True)
-    swap_count = _Out(swap_counts, flat=True)
-    hits = misses = 0
-    flags = 0
+    for run in runs:
+        if run.state >= 0 and len(run.union) > step.inputs.max_union_rows:
+            raise UnionOverflowError(run.state, run.request, len(run.union), step.inputs.max_union_rows)
 
-    def translate(t: int, q: int) -> tuple[int, int]:
-        if src is None:
-            g = t
-            resident = -1
+
+def _physical(step: _Step, q: int, slot: int) -> int:
+    """The hot row of ``slot`` through ``hot_block_table[q]`` (a cell outside the table is block -1)."""
+    block = step.inputs.block_size
+    row = step.hot_table[q] if 0 <= q < len(step.hot_table) else []
+    column = slot // block
+    base = row[column] if 0 <= column < len(row) else -1
+    return base * block + slot % block
+
+
+def _publish(step: _Step, r: int, c: int, x: int) -> None:
+    inputs = step.inputs
+    step.hot_out[r, c] = x
+    block = inputs.block_size
+    step.attention_out[r, c] = -1 if x < 0 else (x // block) * inputs.attention_block_stride + x % block
+
+
+def publish_padding(step: _Step, run: _Run) -> None:
+    """A run without a state row: -1 indices, 0 counts, nothing else (``hisparse_kernels.cu:393-411``)."""
+    for r in range(run.first, run.end):
+        for c in range(step.inputs.top_k):
+            _publish(step, r, c, -1)
+        step.valid_out[r,] = 0
+        step.swap_count[r,] = 0
+
+
+def classify_slots(step: _Step, run: _Run) -> tuple[list[int], list[int], dict[int, tuple[str, int]]]:
+    """Phase 3: hit slots and evictable entries in LRU order (``hisparse_kernels.cu:574-661``).
+
+    A slot holding a union row is a hit; every other LRU entry (out-of-range values included) is evictable. A
+    union row held by two slots takes the later one in LRU order (decision D3; a race in vLLM).
+    """
+    hot_size = step.inputs.hot_size
+    dgi = step.dgi[run.state]
+    hits: list[int] = []
+    evictables: list[int] = []
+    entry: dict[int, tuple[str, int]] = {}
+    for slot in step.lru[run.state]:
+        key = dgi[slot] if 0 <= slot < hot_size else -1
+        if key >= 0 and key in run.union:
+            entry[key] = (_HIT, slot)
+            hits.append(slot)
         else:
-            page = t // source_block_size if t >= 0 else -1
-            g = -1
-            if 0 <= q < len(src) and 0 <= page < len(src[q]) and src[q][page] > 0:  # host block 0 is null
-                g = src[q][page] * source_block_size + t % source_block_size
-            resident = -1
-            if res is not None:
-                page = t // resident_block_size if t >= 0 else -1
-                if 0 <= q < len(res) and 0 <= page < len(res[q]):  # indexed by batch row q, as kernel K
-                    b = res[q][page]
-                    if b >= 0 and b != resident_null_block:
-                        resident = b * resident_block_size + t % resident_block_size
-        return (-1 if g >= host_rows else g), resident
+            evictables.append(slot)
+    return hits, evictables, entry
 
-    def phys(q: int, slot: int) -> int:
-        return hot_table[q][slot // block] * block + slot % block
 
-    def out(r: int, c: int, x: int) -> None:
-        hot_out[r, c] = x
-        attention_out[r, c] = -1 if x < 0 else (x // block) * attention_block_stride + x % block
+def assign_misses(step: _Step, run: _Run, evictables: list[int], entry: dict[int, tuple[str, int]]) -> int:
+    """Phase 4: misses in first-reference order take ``evictables[m]``; the swap plan fills the run's flat
+    segments from ``first * top_k`` (``hisparse_kernels.cu:677-786``). An out-of-range victim (or none left)
+    trips the corruption tripwire: the entry is invalid, its swap row -1, the DGI unwritten.
 
-    def pad(r0: int, r1: int) -> None:
-        for r in range(r0, r1):
-            for c in range(top_k):
-                out(r, c, -1)
-                resolved_out[r, c] = -1
-            valid_out[r,] = 0
-            swap_count[r,] = 0
-
-    claimed: set[int] = set()
-    for r0, r1, q in _runs(ids, num_rows):
-        if states is None:
-            s = q
+    Returns:
+        ``M``, the misses including invalid ones.
+    """
+    inputs = step.inputs
+    m = 0
+    for g in sorted(run.union, key=run.union.__getitem__):
+        if g in entry:
+            continue
+        slot = evictables[m] if m < len(evictables) else -1
+        j = run.first * inputs.top_k + m
+        step.swap_host[j,] = g
+        if 0 <= slot < inputs.hot_size:
+            entry[g] = (_MISS, slot)
+            step.swap_device[j,] = _physical(step, run.request, slot)
+            step.dgi[run.state][slot] = g
         else:
-            s = states[q] if 0 <= q < len(states) else -1
-        if not 0 <= s < len(dgi):
-            pad(r0, r1)
-            continue
-        # Phase 1: translate; the union maps each host row to its first position in the run.
-        union: dict[int, int] = {}
-        translated: list[list[tuple[int, int]]] = []
-        for r in range(r0, r1):
-            row = [translate(t, q) for t in topk[r]]
-            translated.append(row)
-            for c, (g, resident) in enumerate(row):
-                if resident < 0 and g >= 0 and g not in union:
-                    union[g] = (r - r0) * top_k + c
-        if len(union) > max_union_rows:  # ours: flag and treat as padding (kernel K traps)
-            flags |= FLAG_UNION_OVERFLOW
-            pad(r0, r1)
-            continue
-        if s in claimed:  # ours: a state row serves one run per call; a later run is padding
-            flags |= FLAG_SHARED_STATE_ROW
-            pad(r0, r1)
-            continue
-        claimed.add(s)
-        for r in range(r0, r1):
-            row = translated[r - r0]
-            for c, (g, resident) in enumerate(row):
-                resolved_out[r, c] = g
-                mask_out[r, c] = 0
-                if resident >= 0:
-                    out(r, c, resident)
-                elif g < 0:
-                    out(r, c, -1)
-            valid_out[r,] = sum(1 for g, resident in row if resident >= 0 or g >= 0)
-        if not union:
-            for r in range(r0, r1):
-                swap_count[r,] = 0
-            continue
-        # Phase 2: classify slots in LRU order (oldest first). A doubly held row keeps its last slot.
-        hit_slots: list[int] = []
-        evictable: list[int] = []
-        entry: dict[int, tuple[str, int]] = {}
-        for slot in lru[s]:
-            key = dgi[s][slot] if 0 <= slot < hot_size else -1
-            if key >= 0 and key in union:
-                entry[key] = (_HIT, slot)
-                hit_slots.append(slot)
+            entry[g] = (_INVALID, slot)
+            step.swap_device[j,] = -1
+        m += 1
+    return m
+
+
+def publish_indices(step: _Step, run: _Run, entry: dict[int, tuple[str, int]] | None) -> None:
+    """Phase 5: every position's hot and attention index, ``valid_counts``, and the stats tally (phase 6):
+    a miss counts once at its first reference; every other reference to a served entry is a hit; resident and
+    invalid references are not counted (``hisparse_kernels.cu:268-300, 787-821``)."""
+    top_k = step.inputs.top_k
+    for r in range(run.first, run.end):
+        row = run.positions[r - run.first]
+        for c, (g, resident) in enumerate(row):
+            if resident >= 0:
+                _publish(step, r, c, resident)
+            elif g < 0 or entry is None:
+                _publish(step, r, c, -1)
             else:
-                evictable.append(slot)
-        # Phase 3: misses take the oldest evictable slots, in first-reference order.
-        m = 0
-        for g in sorted(union, key=union.__getitem__):
-            if g in entry:
-                continue
-            slot = evictable[m]
-            j = r0 * top_k + m
-            swap_host[j,] = g
-            if 0 <= slot < hot_size:
-                entry[g] = (_MISS, slot)
-                swap_device[j,] = phys(q, slot)
-                dgi[s][slot] = g
-            else:  # a corrupted LRU entry: the reference is dropped, the copy skipped
-                entry[g] = (_INVALID, slot)
-                swap_device[j,] = -1
-                flags |= FLAG_LRU_TRIPWIRE
-            m += 1
-        # Phase 4: publish indices and count.
-        for r in range(r0, r1):
-            for c, (g, resident) in enumerate(translated[r - r0]):
-                if resident >= 0 or g < 0:
-                    continue
                 kind, slot = entry[g]
                 if kind == _INVALID:
-                    out(r, c, -1)
+                    _publish(step, r, c, -1)
                     continue
-                out(r, c, phys(q, slot))
-                if kind == _MISS and union[g] == (r - r0) * top_k + c:
-                    mask_out[r, c] = 1
-                    misses += 1
+                _publish(step, r, c, _physical(step, run.request, slot))
+                if kind == _MISS and run.union[g] == (r - run.first) * top_k + c:
+                    step.misses += 1
                 else:
-                    hits += 1
-        for r in range(r0, r1):
-            swap_count[r,] = min(max(m - (r - r0) * top_k, 0), top_k)
-        # Phase 5: unused evictables, then the slots just filled, then the hits.
-        lru[s] = evictable[m:] + evictable[:m] + hit_slots
+                    step.hits += 1
+        step.valid_out[r,] = sum(1 for g, resident in row if resident >= 0 or g >= 0)
 
-    for output in (hot_out, attention_out, resolved_out, mask_out, valid_out, swap_host, swap_device, swap_count):
+
+def publish_swap_counts(step: _Step, run: _Run, misses: int) -> None:
+    """``swap_counts[first + j] = clamp(M - j * top_k, 0, top_k)`` (``hisparse_kernels.cu:778-786``)."""
+    top_k = step.inputs.top_k
+    for r in range(run.first, run.end):
+        step.swap_count[r,] = min(max(misses - (r - run.first) * top_k, 0), top_k)
+
+
+def reorder_lru(step: _Step, run: _Run, hits: list[int], evictables: list[int], misses: int) -> None:
+    """Phase 7: ``evictables[M:] + evictables[:M] + hits`` (``hisparse_kernels.cu:823-835``)."""
+    step.lru[run.state] = evictables[misses:] + evictables[:misses] + hits
+
+
+def store(step: _Step) -> None:
+    """Write every output, the state and the stats back (stats wrap modulo 2**64, decision D6)."""
+    inputs = step.inputs
+    for output in (step.hot_out, step.attention_out, step.valid_out, step.swap_host, step.swap_device,
+                   step.swap_count):
         output.store()
-    device_global_indices.copy_(torch.tensor(dgi, dtype=torch.int32))
-    lru_slots.copy_(torch.tensor(lru, dtype=torch.int16))
-    if stats is not None:  # ours: through an int64 view, wrapping mod 2**64
-        totals = [(v % _U64) for v in stats.view(torch.int64).tolist()]
-        updated = [(totals[0] + hits) % _U64, (totals[1] + misses) % _U64]
-        stats.view(torch.int64).copy_(torch.tensor([v - _U64 if v >= 1 << 63 else v for v in updated]))
-    if error_flags is not None and flags:
-        error_flags[0] = int(error_flags[0]) | flags
+    inputs.device_global_indices.copy_(torch.tensor(step.dgi, dtype=torch.int32))
+    inputs.lru_slots.copy_(torch.tensor(step.lru, dtype=torch.int16))
+    if inputs.stats is not None:
+        raw = inputs.stats.view(torch.int64)
+        totals = [v % _U64 for v in raw.tolist()]
+        updated = [(totals[0] + step.hits) % _U64, (totals[1] + step.misses) % _U64]
+        raw.copy_(torch.tensor([v - _U64 if v >= 1 << 63 else v for v in updated]))
 
 
-def _copy_row(host: torch.Tensor, hot: torch.Tensor, block: int, g: int, d: int) -> None:
-    target = hot[d // block, d % block] if hot.dim() == 3 else hot[d]
-    if g < host.shape[0]:
-        target.copy_(host[g])
-    else:  # no source row: zeros, never stale bytes
-        target.zero_()
-
-
-def gather_compact(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    miss_global_indices: torch.Tensor,
-    miss_hot_indices: torch.Tensor,
-    miss_counts: torch.Tensor,
-) -> None:
-    """Copy the first ``clamp(miss_counts[r], 0, K)`` planned rows of each row ``r`` (``hisparse_gather_compact``).
-
-    Host row ``g >= host_rows`` zero-fills; negative ``g``, negative ``d`` or ``d`` past the hot cache are
-    skipped. Entries are applied in (row, column) order, so a repeated destination ends with the later entry.
+def resolve(inputs: ResolveInputs) -> None:
+    """``hisparse_resolve_residency`` on checked inputs, phase by phase (docs/design/cache-ops.md).
 
     Raises:
-        InvalidArgumentError: an argument fails :func:`arguments.check_gather_compact` (nothing copied).
+        UnionOverflowError: before anything is written.
     """
-    arguments.check_gather_compact(host_cache, hot_cache, miss_global_indices, miss_hot_indices, miss_counts)
-    num_rows, top_k = miss_global_indices.shape
-    host = host_cache.view(torch.uint8)
-    hot = hot_cache.view(torch.uint8)
-    block = hot_cache.shape[1]
-    hot_rows = hot_cache.shape[0] * block
-    sources, targets = miss_global_indices.tolist(), miss_hot_indices.tolist()
-    counts = miss_counts.reshape(-1)[:num_rows].tolist()
-    for r in range(num_rows):
-        for c in range(min(max(counts[r], 0), top_k)):
+    if inputs.empty:
+        return
+    step = _Step(inputs)
+    runs = classify_rows(step)
+    for run in runs:
+        if run.state >= 0:
+            translate(step, run)
+    check_union(step, runs)
+    for run in runs:
+        if run.state < 0:
+            publish_padding(step, run)
+            continue
+        if not run.union:  # no host-backed position: indices only (hisparse_kernels.cu:513-521)
+            publish_indices(step, run, None)
+            publish_swap_counts(step, run, 0)
+            continue
+        hits, evictables, entry = classify_slots(step, run)
+        misses = assign_misses(step, run, evictables, entry)
+        publish_indices(step, run, entry)
+        publish_swap_counts(step, run, misses)
+        reorder_lru(step, run, hits, evictables, misses)
+    store(step)
+
+
+# ------------------------------------------------------------------------------------------------- gathers
+def gather(inputs: GatherInputs) -> None:
+    """``hisparse_gather_plan`` / ``hisparse_gather_compact`` on checked inputs, entry by entry in (row, column)
+    order: skip ``g < 0`` and destinations outside the hot cache, copy ``g < host_rows``, zero-fill otherwise
+    (``hisparse_kernels.cu:841-895``). A destination named twice ends with the later entry (decision D7)."""
+    if inputs.empty:
+        return
+    host = inputs.host_cache.view(torch.uint8)
+    hot = inputs.hot_cache.view(torch.uint8)
+    block = inputs.block_size
+    sources, targets = inputs.global_indices.tolist(), inputs.hot_indices.tolist()
+    if inputs.compact:
+        counts = inputs.selector.reshape(-1)[:inputs.num_rows].tolist()
+        chosen = [[c < min(max(counts[r], 0), inputs.columns) for c in range(inputs.columns)]
+                  for r in range(inputs.num_rows)]
+    else:
+        chosen = [[m != 0 for m in row] for row in inputs.selector.tolist()]
+    for r in range(inputs.num_rows):
+        for c in range(inputs.columns):
             g, d = sources[r][c], targets[r][c]
-            if g >= 0 and 0 <= d < hot_rows:
-                _copy_row(host, hot, block, g, d)
-
-
-def gather_plan(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    global_indices: torch.Tensor,
-    hot_indices: torch.Tensor,
-    miss_mask: torch.Tensor,
-    request_state_indices: torch.Tensor | None = None,
-    attention_indices: torch.Tensor | None = None,
-    attention_block_stride: int = 0,
-) -> None:
-    """Copy host row ``global_indices[r, c]`` to hot row ``hot_indices[r, c]`` where ``miss_mask`` is nonzero.
-
-    ``request_state_indices[r] < 0`` marks padding row ``r``: nothing copied, attention -1. A 2-D hot cache is a
-    staging buffer of block size 1. ``attention_indices`` is written for every entry (``hisparse_gather_plan``).
-
-    Raises:
-        InvalidArgumentError: an argument fails :func:`arguments.check_gather_plan` (nothing copied).
-    """
-    arguments.check_gather_plan(
-        host_cache, hot_cache, global_indices, hot_indices, miss_mask, request_state_indices,
-        attention_indices, attention_block_stride,
-    )
-    num_rows, columns = global_indices.shape
-    host = host_cache.view(torch.uint8)
-    hot = hot_cache.view(torch.uint8)
-    block = hot_cache.shape[1] if hot_cache.dim() == 3 else 1
-    hot_rows = hot_cache.shape[0] * block
-    sources, targets, mask = global_indices.tolist(), hot_indices.tolist(), miss_mask.tolist()
-    states = request_state_indices.reshape(-1).tolist() if request_state_indices is not None else None
-    for r in range(num_rows):
-        padding = states is not None and states[r] < 0
-        for c in range(columns):
-            d = targets[r][c]
-            if attention_indices is not None:
-                value = -1 if padding or d < 0 else (d // block) * attention_block_stride + d % block
-                attention_indices[r, c] = ((value + (1 << 31)) % (1 << 32)) - (1 << 31)  # decision 10: low 32 bits
-            g = sources[r][c]
-            if padding or mask[r][c] == 0 or g < 0 or not 0 <= d < hot_rows:
+            if not chosen[r][c] or g < 0 or not 0 <= d < inputs.hot_rows:
                 continue
-            _copy_row(host, hot, block, g, d)
+            target = hot[d // block, d % block]
+            if g < inputs.host_rows:
+                target.copy_(host[g])
+            else:  # no source row: zeros, never stale bytes
+                target.zero_()
 
 
-def invalidate_written_slots(
-    device_global_indices: torch.Tensor,
-    request_state_indices: torch.Tensor,
-    req_id_per_token: torch.Tensor,
-    written_slots: torch.Tensor,
-) -> None:
-    """Set to -1 every entry of token ``t``'s state row equal to ``written_slots[t]`` (all occurrences).
-
-    A token whose request row or state row is out of range, or whose slot is negative, changes nothing.
+# -------------------------------------------------------------------------------------------- invalidation
+def resolve_tables(inputs: InvalidateInputs) -> list[torch.Tensor]:
+    """The table each address names, in pointer order (duplicates kept: clearing twice is idempotent).
 
     Raises:
-        InvalidArgumentError: an argument fails :func:`arguments.check_invalidate_written_slots` (nothing written).
+        UnknownTableError: an address is not a registered table of shape ``[num_state_rows, region_stride]``.
     """
-    arguments.check_invalidate_written_slots(
-        device_global_indices, request_state_indices, req_id_per_token, written_slots
-    )
-    dgi = device_global_indices.tolist()
-    states = request_state_indices.tolist()
-    for q, w in zip(req_id_per_token.tolist(), written_slots.tolist(), strict=True):
-        if not 0 <= q < len(states) or w < 0:
+    by_address = dict(zip(inputs.addresses, inputs.tables, strict=True))
+    named = []
+    for index, address in enumerate(inputs.device_global_indices_ptrs.tolist()):
+        table = by_address.get(address)
+        if table is None:
+            raise UnknownTableError(address, index, f"is no registered [{inputs.num_state_rows}, "
+                                    f"{inputs.region_stride}] int32 device_global_indices table on {inputs.device}")
+        named.append(table)
+    return named
+
+
+def invalidate(inputs: InvalidateInputs) -> None:
+    """``hisparse_invalidate_written_slots`` on checked inputs (``hisparse_kernels.cu:896-1012``): for every
+    named table and every token with a request in range, a state row in ``[0, num_state_rows)`` and a slot in
+    ``[0, INT32_MAX]``, every entry of ``table[state]`` equal to the slot becomes -1.
+
+    Raises:
+        UnknownTableError: before anything is written.
+    """
+    named = resolve_tables(inputs)
+    if inputs.empty:
+        return
+    states = inputs.request_state_indices.tolist()
+    wanted = []
+    for q, w in zip(inputs.req_id_per_token.tolist(), inputs.written_slots.tolist(), strict=True):
+        if not 0 <= q < len(states) or not 0 <= w <= _INT32_MAX:
             continue
         s = states[q]
-        if not 0 <= s < len(dgi):
-            continue
-        dgi[s] = [-1 if x == w else x for x in dgi[s]]
-    if dgi:
-        device_global_indices.copy_(torch.tensor(dgi, dtype=torch.int32))
+        if 0 <= s < inputs.num_state_rows:
+            wanted.append((s, w))
+    for table in {t.data_ptr(): t for t in named}.values():
+        values = table.tolist()
+        for s, w in wanted:
+            values[s] = [-1 if x == w else x for x in values[s]]
+        table.copy_(torch.tensor(values, dtype=torch.int32))
+
+
+_OPS = vllm_ops(resolve, gather, invalidate)
+resolve_residency = _OPS.resolve_residency
+gather_compact = _OPS.gather_compact
+gather_plan = _OPS.gather_plan
+invalidate_written_slots = _OPS.invalidate_written_slots

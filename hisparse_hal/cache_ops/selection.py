@@ -12,7 +12,7 @@ import importlib
 import os
 from collections.abc import Mapping
 from types import ModuleType
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -24,6 +24,7 @@ __all__ = [
     "IMPLEMENTATIONS",
     "TritonFacts",
     "choose_cache_ops",
+    "implementation_entries",
     "implementation_module",
     "probe_triton",
     "with_cache_ops",
@@ -149,6 +150,25 @@ def implementation_module(name: str) -> ModuleType:
     if name not in IMPLEMENTATIONS:
         raise InvalidArgumentError(f"cache-ops implementation must be one of {list(IMPLEMENTATIONS)}, got {name!r}")
     return importlib.import_module(f"{__package__}.{name}_impl")
+
+
+def implementation_entries(name: str) -> Any:
+    """The four vLLM-order entries of implementation ``name`` for one ops object (a ``signatures.VllmOps``).
+
+    An implementation with per-caller state (Triton's scratch, kept at a fixed address for graph replay)
+    provides ``entries()``, called here once per ops object; the others share their module functions.
+
+    Raises:
+        InvalidArgumentError: ``name`` is not ``"triton"``, ``"torch"`` or ``"host"``.
+    """
+    from .signatures import VllmOps
+
+    module = implementation_module(name)
+    factory = getattr(module, "entries", None)
+    if factory is not None:
+        return factory()
+    return VllmOps(module.resolve_residency, module.gather_compact, module.gather_plan,
+                   module.invalidate_written_slots)
 
 
 def with_cache_ops(

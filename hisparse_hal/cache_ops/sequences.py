@@ -1,4 +1,4 @@
-"""Multi-step decode sequences for differential tests of the cache ops, and a runner that records every output.
+"""Multi-step decode sequences for differential tests of the vLLM 0.34.0 cache ops, and a runner recording outputs.
 
 Invariant: a sequence is fully determined by its seed and shape (``build_sequence``), every step has the same
 tensor shapes (so a captured graph can replay it), and ``run_sequence`` gives every implementation identical,
@@ -24,6 +24,7 @@ __all__ = [
     "SequenceShape",
     "StepRecord",
     "StepTensors",
+    "OTHER_GROUPS",
     "build_sequence",
     "decode_sequences",
     "run_sequence",
@@ -47,6 +48,8 @@ class SequenceShape:
     row_width: int = 16
     dtype: torch.dtype = torch.uint8
     hot_size: int | None = None
+    block_gap: int = 1  # extra rows between hot blocks (a layer-interleaved slab: non-contiguous block stride)
+    output_gap: int = 2  # extra columns/elements per row of attention_indices and valid_counts (row-strided)
 
     @property
     def slots(self) -> int:
@@ -62,6 +65,8 @@ SHAPES: tuple[SequenceShape, ...] = (
     SequenceShape(top_k=5, block_size=4, queries=1, requests=3, batch_rows=4, steps=4),
     SequenceShape(top_k=3, block_size=4, queries=2, requests=1, batch_rows=3, steps=5, hot_size=6),
     SequenceShape(top_k=8, block_size=4, queries=2, requests=2, batch_rows=5, steps=3, row_width=32),
+    SequenceShape(top_k=4, block_size=4, queries=4, requests=3, batch_rows=12, steps=4, block_gap=0,
+                  output_gap=0),
 )
 
 
@@ -69,9 +74,11 @@ SHAPES: tuple[SequenceShape, ...] = (
 class DecodeStep:
     """Inputs of one step (plain lists; ``run_sequence`` turns them into tensors).
 
-    ``request_ids`` is -1 on padding rows; ``request_state_indices`` -1 on unused request rows. The tables are
-    indexed by batch request row ``q``. ``host_writes`` are host rows rewritten after the step (the mirror),
-    with their new bytes' seed; ``written_tokens``/``written_slots`` are what invalidation is called with.
+    Rows at or past ``num_valid_rows`` are graph padding: their ``request_ids`` hold stale ids (0, as vLLM's
+    padded ``req_id_per_token``, or others), which the op must ignore. ``request_state_indices`` is -1 on
+    unused request rows. The hot and source tables are indexed by batch request row ``q``, the resident table
+    by **state** row. ``host_writes`` are host rows rewritten after the step (the mirror);
+    ``written_tokens``/``written_slots`` are what invalidation is called with.
     """
 
     global_indices: list[list[int]]
@@ -86,6 +93,8 @@ class DecodeStep:
     written_slots: list[int]
     plan_rows: list[int]
     plan_mask: list[int]
+    plan_targets: list[int]
+    num_valid_rows: int
 
 
 @dataclasses.dataclass
@@ -139,12 +148,13 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
     """Build one decode sequence from ``seed``: requests with persistent state and hot rows, drifting top-k.
 
     Each step permutes the requests over the batch rows (so batch row != state row), gives each 1..Q rows
-    (speculative verification rows share their request's union), pads the rest with request id -1 and sometimes
-    marks a request row inactive (state -1) or, rarely, gives two request rows one state row (the later run is
-    padded and flags bit 4). Top-k mixes recent and old tokens, -1, positions past the source
-    table, cross-row duplicates, rarely in-row duplicates and rows of host block 0 or past the host cache.
-    Resident tail pages, a shrunken ``max_union_rows`` (overflow), a corrupted LRU entry and counters near
-    2**64 appear with small probability.
+    (speculative verification rows share their request's union), fills the rest with graph padding past
+    ``num_valid_rows`` (stale request ids), sometimes marks a request row inactive (state -1) or, rarely, gives
+    two request rows one state row (the later run is padding, decision D1). Top-k mixes recent and old
+    tokens, -1, positions past the source table, cross-row duplicates, rarely in-row duplicates and rows of
+    host block 0 or past the host cache. Resident pages (by state row), a too-small ``max_union_rows`` (every
+    implementation must raise before writing), a corrupted LRU entry and counters near 2**64 appear with small
+    probability.
     """
     rng = random.Random(seed)
     k, block, q_max, slots = shape.top_k, shape.block_size, shape.queries, shape.slots
@@ -170,10 +180,10 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
     if rng.random() < 0.1:
         initial_lru[rng.choice(states)][rng.randrange(slots)] = rng.choice((-1, slots, 32767))
     initial_stats = [0, 0] if rng.random() < 0.8 else [2**64 - 2, 2**64 - 1]
-    union_cap = q_max * k if rng.random() < 0.85 else rng.randint(1, q_max * k)
 
     steps: list[DecodeStep] = []
     for _ in range(shape.steps):
+        union_cap = q_max * k if rng.random() < 0.9 else rng.randint(1, q_max * k)
         order = rng.sample(range(requests), requests)
         rows_of = {i: rng.randint(1, q_max) for i in order}
         while sum(rows_of.values()) > n:
@@ -187,14 +197,14 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
         rsi = [-1] * n
         hot_table = [[0] * hot_per_request for _ in range(n)]
         src_table = [[0] * pages for _ in range(n)]
-        resident = [[0] * pages for _ in range(n)]
+        resident = [[0] * pages for _ in range(num_states)]
         for q, i in enumerate(order):
             rsi[q] = states[i] if rng.random() > 0.08 else -1
             hot_table[q] = list(hot_of[i])
             src_table[q] = list(source_of[i])
-            if rng.random() < 0.3:  # the request's last page is resident
+            if rng.random() < 0.3:  # the request's last page is resident, looked up by its state row
                 page = max(length[i] - 1, 0) // block
-                resident[q][page] = resident_base + 2 * i + rng.randint(0, 1)
+                resident[states[i]][page] = resident_base + 2 * i + rng.randint(0, 1)
             pool = list(range(length[i])) + [-1, pages * block + 1]
             for _ in range(rows_of[i]):
                 limit = min(k, len(pool))
@@ -203,17 +213,18 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
                     shared = rng.randint(0, k)
                     values[:shared] = topk[-1][:shared]
                     values = _without_repeats(values)
-                if rng.random() < 0.05 and k > 1:  # an in-row duplicate (our decision: one slot)
+                if rng.random() < 0.05 and k > 1:  # an in-row duplicate (decision D4: one entry)
                     values[-1] = values[0]
                 rng.shuffle(values)
                 topk.append(values)
                 ids.append(q)
-        while len(topk) < n:
+        valid = len(topk)
+        while len(topk) < n:  # graph padding: stale ids, masked by num_valid_rows
             topk.append([rng.choice((-1, 0, 1)) for _ in range(k)])
-            ids.append(-1)
+            ids.append(rng.choice((0, 0, -1, len(order) - 1 if order else 0)))
         silent = {q for q in range(len(order)) if rsi[q] < 0}
         live = [q for q in range(len(order)) if rsi[q] >= 0]
-        if len(live) >= 2 and rng.random() < 0.05:  # two runs on one state row: the later one is padded (ours)
+        if len(live) >= 2 and rng.random() < 0.05:  # two runs on one state row: the later one is padded (D1)
             first, later = sorted(rng.sample(live, 2))
             rsi[later] = rsi[first]
             silent.add(later)
@@ -242,13 +253,18 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
                     slots_written.append(g)
         tokens.append(rng.choice((-1, n + 3)))
         slots_written.append(rng.randrange(host_rows))
+        if tokens and rng.random() < 0.2:  # a slot past int32: matches nothing
+            tokens.append(tokens[0])
+            slots_written.append(2**32 + rng.randrange(host_rows))
         plan_rows = [rng.randrange(-1, host_rows + 2) for _ in range(k)]
         plan_mask = [rng.randint(0, 1) for _ in range(k)]
+        staging_rows = -(-k // block) * block
+        plan_targets = [rng.randrange(-1, staging_rows + 1) if rng.random() < 0.2 else c for c in range(k)]
         steps.append(DecodeStep(
             global_indices=topk, request_ids=ids, request_state_indices=rsi, hot_block_table=hot_table,
             source_block_table=src_table, resident_block_table=resident if rng.random() < 0.8 else None,
             max_union_rows=union_cap, host_writes=writes, written_tokens=tokens, written_slots=slots_written,
-            plan_rows=plan_rows, plan_mask=plan_mask,
+            plan_rows=plan_rows, plan_mask=plan_mask, plan_targets=plan_targets, num_valid_rows=valid,
         ))
     return DecodeSequence(seed, shape, host_rows, hot_blocks, num_states, initial_lru, initial_stats, steps)
 
@@ -262,12 +278,14 @@ def decode_sequences(shapes: Sequence[SequenceShape] = SHAPES) -> Any:
 
 @dataclasses.dataclass
 class StepTensors:
-    """The tensors one step's resolve call received (after the call: its outputs and state)."""
+    """The tensors one step's resolve call received (after the call: its outputs and state).
+
+    ``attention_indices`` and ``valid_counts`` are row-strided views (``output_gap`` extra elements per row), as
+    vLLM's own tests pass them.
+    """
 
     hot_indices: torch.Tensor
     attention_indices: torch.Tensor
-    miss_mask: torch.Tensor
-    resolved: torch.Tensor
     valid_counts: torch.Tensor
     swap_host: torch.Tensor
     swap_device: torch.Tensor
@@ -278,27 +296,39 @@ class StepTensors:
     hot_block_table: torch.Tensor
     source_block_table: torch.Tensor
     resident_block_table: torch.Tensor | None
+    num_valid_rows: torch.Tensor
 
 
 @dataclasses.dataclass
 class StepRecord:
-    """Everything one step produced, as plain values (compare two implementations with ``==``)."""
+    """Everything one step produced, as plain values (compare two implementations with ``==``).
+
+    ``error`` is the resolve call's typed error (``"UnionOverflowError: ..."``) or None; after an error the
+    outputs must still be poison and the state unchanged.
+    """
 
     outputs: dict[str, list[Any]]
     dgi: list[list[int]]
     lru: list[list[int]]
     stats: list[int]
-    error_flags: int
+    error: str | None
     hot_bytes: list[list[int]]
     staging_bytes: list[list[int]]
-    dgi_after_invalidate: list[list[int]]
+    tables_after_invalidate: list[list[list[int]]]
+
+
+#: Tables of other index groups (same shape as the sequence's own) that invalidation also reaches.
+OTHER_GROUPS = 1
 
 
 class SequenceRun:
-    """The live tensors of one sequence on one device: host and hot caches, state, counters."""
+    """The live tensors of one sequence on one device: host and hot caches, state, counters, other groups'
+    tables (all registered with :mod:`.tables`)."""
 
     def __init__(self, sequence: DecodeSequence, device: torch.device | str = "cpu",
                  host_device: torch.device | str | None = None) -> None:
+        from . import tables
+
         shape = sequence.shape
         self.sequence = sequence
         self.device = torch.device(device)
@@ -308,19 +338,32 @@ class SequenceRun:
         host = _host_bytes(sequence.seed, range(sequence.host_rows), row_bytes)
         self.host = host.view(shape.dtype).to(self.host_device)
         generator = torch.Generator().manual_seed(sequence.seed + 1)
-        hot = torch.randint(0, 256, (sequence.hot_blocks, shape.block_size, row_bytes), dtype=torch.uint8,
-                            generator=generator)
-        self.hot = hot.view(shape.dtype).to(self.device)
-        self.staging = torch.zeros(shape.top_k, width, dtype=shape.dtype, device=self.device)
+        slab = torch.randint(0, 256, (sequence.hot_blocks, shape.block_size + shape.block_gap, row_bytes),
+                             dtype=torch.uint8, generator=generator)
+        self.slab = slab.view(shape.dtype).to(self.device)
+        self.hot = self.slab[:, :shape.block_size]  # block stride > block_size * row: not contiguous
+        staging_blocks = -(-shape.top_k // shape.block_size)
+        self.staging = torch.zeros(staging_blocks, shape.block_size, width, dtype=shape.dtype, device=self.device)
         self.dgi = torch.full((sequence.num_states, shape.slots), -1, dtype=_I32, device=self.device)
+        others = torch.Generator().manual_seed(sequence.seed + 2)
+        self.other_tables = [
+            torch.randint(-1, sequence.host_rows, (sequence.num_states, shape.slots), dtype=_I32,
+                          generator=others).to(self.device)
+            for _ in range(OTHER_GROUPS)
+        ]
+        for table in (self.dgi, *self.other_tables):
+            tables.register_table(table)
+        # Duplicate addresses: a KV-sharing reader aliases its owner's table (runtime.py:733-738).
+        addresses = [self.dgi.data_ptr(), *(t.data_ptr() for t in self.other_tables), self.dgi.data_ptr()]
+        self.table_pointers = torch.tensor(addresses, dtype=torch.int64, device=self.device)
         self.lru = torch.tensor(sequence.initial_lru, dtype=torch.int16, device=self.device)
         signed = [v - 2**64 if v >= 2**63 else v for v in sequence.initial_stats]
         self.stats = torch.tensor(signed, dtype=torch.int64).view(torch.uint64).to(self.device)
-        self.error_flags = torch.zeros(1, dtype=_I32, device=self.device)
 
     def tensors(self, step: DecodeStep) -> StepTensors:
-        """Fresh input tensors of ``step`` and poisoned outputs."""
+        """Fresh input tensors of ``step`` and poisoned outputs (two of them row-strided)."""
         n, k = len(step.global_indices), self.sequence.top_k
+        gap = self.sequence.shape.output_gap
 
         def t(values: Any) -> torch.Tensor:
             return torch.tensor(values, dtype=_I32, device=self.device)
@@ -330,52 +373,55 @@ class SequenceRun:
 
         resident = step.resident_block_table
         return StepTensors(
-            hot_indices=poison(n, k), attention_indices=poison(n, k), miss_mask=poison(n, k),
-            resolved=poison(n, k), valid_counts=poison(n), swap_host=poison(n, k), swap_device=poison(n, k),
+            hot_indices=poison(n, k), attention_indices=poison(n, k + gap)[:, :k],
+            valid_counts=poison(n, 1 + gap)[:, 0], swap_host=poison(n, k), swap_device=poison(n, k),
             swap_counts=poison(n), global_indices=t(step.global_indices), request_ids=t(step.request_ids),
             request_state_indices=t(step.request_state_indices), hot_block_table=t(step.hot_block_table),
             source_block_table=t(step.source_block_table),
             resident_block_table=t(resident) if resident is not None else None,
+            num_valid_rows=t([step.num_valid_rows]),
         )
 
     def attention_block_stride(self) -> int:
-        return self.sequence.shape.block_size + 1
+        return self.sequence.shape.block_size + self.sequence.shape.block_gap
 
     def resolve(self, ops: CacheOpsLike, step: DecodeStep, io: StepTensors) -> None:
-        """One resolve call with vLLM 0.33.0's argument list (plus ``error_flags``)."""
+        """One resolve call with vLLM 0.34.0's 23 positional arguments."""
         block = self.sequence.shape.block_size
         ops.resolve_residency(
             self.host, self.hot, io.hot_block_table, io.global_indices, io.hot_indices, self.dgi, self.lru,
-            io.request_state_indices, self.sequence.shape.slots, step.max_union_rows, io.miss_mask, self.stats,
+            io.request_state_indices, self.sequence.shape.slots, step.max_union_rows, self.stats,
             io.attention_indices, self.attention_block_stride(), io.request_ids, io.source_block_table, block,
-            io.resolved, io.valid_counts, io.swap_host, io.swap_device, io.swap_counts,
-            io.resident_block_table, block, 0, error_flags=self.error_flags,
+            io.valid_counts, io.swap_host, io.swap_device, io.swap_counts, io.resident_block_table,
+            block if io.resident_block_table is not None else 0, io.num_valid_rows,
         )
 
     def gather(self, ops: CacheOpsLike, io: StepTensors) -> None:
         ops.gather_compact(self.host, self.hot, io.swap_host, io.swap_device, io.swap_counts)
 
     def mirror_and_invalidate(self, ops: CacheOpsLike, step: DecodeStep, index: int) -> None:
-        """Rewrite this step's host rows (new bytes from the seed), then invalidate their hot copies."""
+        """Rewrite this step's host rows (new bytes from the seed), then invalidate their hot copies in every
+        group's table through the pointer tensor (with a duplicate address)."""
         if step.host_writes:
             fresh = _host_bytes(self.sequence.seed * 1000 + index + 7, step.host_writes, self.host_row_bytes())
             rows = torch.tensor(step.host_writes, dtype=torch.int64, device=self.host_device)
             self.host.view(torch.uint8)[rows] = fresh.to(self.host_device)
         ops.invalidate_written_slots(
-            self.dgi, torch.tensor(step.request_state_indices, dtype=_I32, device=self.device),
+            self.table_pointers, torch.tensor(step.request_state_indices, dtype=_I32, device=self.device),
             torch.tensor(step.written_tokens, dtype=_I32, device=self.device),
             torch.tensor(step.written_slots, dtype=torch.int64, device=self.device),
+            self.sequence.num_states, self.sequence.shape.slots,
         )
 
     def host_row_bytes(self) -> int:
         return self.host.view(torch.uint8).shape[1]
 
     def plan(self, ops: CacheOpsLike, step: DecodeStep) -> None:
-        k = self.sequence.top_k
+        """A prefill-style single-row plan into a 3-D staging buffer (vLLM passes ``[1, N]`` plans)."""
         ops.gather_plan(
             self.host, self.staging, torch.tensor([step.plan_rows], dtype=_I32, device=self.device),
-            torch.arange(k, dtype=_I32, device=self.device).view(1, k),
-            torch.tensor([step.plan_mask], dtype=_I32, device=self.device), None, None, 0,
+            torch.tensor([step.plan_targets], dtype=_I32, device=self.device),
+            torch.tensor([step.plan_mask], dtype=_I32, device=self.device),
         )
 
 
@@ -386,29 +432,36 @@ def run_sequence(ops: CacheOpsLike, sequence: DecodeSequence, device: torch.devi
 
     ``host_device`` holds the host cache (default: ``device``; a backend's ``CacheOps`` wants it on CPU).
     ``run`` reuses prepared live tensors (e.g. with a pinned host cache) instead of building them.
-    Per step: resolve (poisoned outputs) -> gather_compact -> ``check`` (if given, e.g. an invariant test) ->
-    gather_plan into a staging buffer -> host mirror writes -> invalidate_written_slots.
+    Per step: resolve (poisoned outputs; a typed ``UnionOverflowError`` is recorded and the gather skipped) ->
+    gather_compact -> ``check`` (if given) -> gather_plan into a staging buffer -> host mirror writes ->
+    invalidate_written_slots.
 
     Returns:
         One :class:`StepRecord` per step.
     """
+    from hisparse_hal.errors import UnionOverflowError
+
     run = run if run is not None else SequenceRun(sequence, device, host_device)
     records: list[StepRecord] = []
     for index, step in enumerate(sequence.steps):
         io = run.tensors(step)
-        run.resolve(ops, step, io)
-        run.gather(ops, io)
-        if check is not None:
-            check(run, step, io)
+        error = None
+        try:
+            run.resolve(ops, step, io)
+        except UnionOverflowError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        if error is None:
+            run.gather(ops, io)
+            if check is not None:
+                check(run, step, io)
         outputs = {name: getattr(io, name).tolist() for name in (
-            "hot_indices", "attention_indices", "miss_mask", "resolved", "valid_counts", "swap_host",
-            "swap_device", "swap_counts")}
+            "hot_indices", "attention_indices", "valid_counts", "swap_host", "swap_device", "swap_counts")}
         dgi, lru = run.dgi.tolist(), run.lru.tolist()
         stats = run.stats.view(torch.int64).tolist()
-        flags = int(run.error_flags.item())
-        hot_bytes = run.hot.view(torch.uint8).flatten(0, 1).tolist()
+        hot_bytes = run.slab.view(torch.uint8).flatten(0, 1).tolist()
         run.plan(ops, step)
-        staging = run.staging.view(torch.uint8).tolist()
+        staging = run.staging.view(torch.uint8).flatten(0, 1).tolist()
         run.mirror_and_invalidate(ops, step, index)
-        records.append(StepRecord(outputs, dgi, lru, stats, flags, hot_bytes, staging, run.dgi.tolist()))
+        tables_after = [t.tolist() for t in (run.dgi, *run.other_tables)]
+        records.append(StepRecord(outputs, dgi, lru, stats, error, hot_bytes, staging, tables_after))
     return records

@@ -1,7 +1,9 @@
-"""The four HiSparse cache ops as Triton kernels (NVIDIA and AMD from one source), with vLLM 0.33.0's signatures.
+"""The four vLLM 0.34.0 HiSparse cache ops as Triton kernels (NVIDIA and AMD from one source).
 
 Every op checks its arguments with :mod:`hisparse_hal.cache_ops.arguments` first (metadata only, no host
-sync), then launches a fixed grid whose counts are read on the device. Triton is imported on first use
+sync), then launches a fixed grid whose counts are read on the device. The union bound and the table
+addresses are enforced by :mod:`.device_checks` between launches (a typed error on CPU tensors, a device-side
+assertion on a GPU, ordered before any write). Triton is imported on first use
 (:func:`kernels`), so this module imports without it; on CPU tensors the kernels run under
 ``TRITON_INTERPRET=1``. The implementations never move data between devices: on a GPU, ``host_cache`` is
 the device view of pinned host memory (``TorchGpuBackend.device_view_of_host``).
@@ -19,14 +21,16 @@ from typing import Any
 
 import torch
 
-from hisparse_hal.errors import UnsupportedCapabilityError
+from hisparse_hal.errors import UnionOverflowError, UnknownTableError, UnsupportedCapabilityError
 
-from . import arguments
+from . import device_checks
+from .arguments import GatherInputs, InvalidateInputs, ResolveInputs
+from .signatures import VllmOps, vllm_ops
 
 __all__ = [
-    "resolve_residency", "gather_compact", "gather_plan", "invalidate_written_slots", "kernels",
-    "Launch", "counting_launches",
-    "plan_resolve_residency", "plan_gather_compact", "plan_gather_plan", "plan_invalidate_written_slots",
+    "resolve_residency", "gather_compact", "gather_plan", "invalidate_written_slots", "kernels", "entries",
+    "Launch", "ResolveScratch", "counting_launches",
+    "plan_resolve_residency", "plan_gather", "plan_invalidate_written_slots",
 ]
 
 #: Tile widths. Slots and positions are scanned in tiles of this many lanes with ``tl.cumsum``; any power
@@ -59,7 +63,8 @@ _COUNTERS: list[collections.Counter[str]] = []
 def counting_launches() -> Iterator[collections.Counter[str]]:
     """Count the kernel launches the Triton ops make while the block runs, by kernel name.
 
-    A decode step of vLLM's (resolve_residency, then gather_compact per layer) is 2 + 1 launches per layer;
+    A decode step of vLLM's (resolve_residency, then gather_compact per layer) is 2 + 1 launches per layer
+    (resolve's bound check between its launches is a torch ``_assert_async``, not a Triton launch);
     gather_plan and invalidate_written_slots are one each; an op with an empty batch launches nothing.
 
     Returns:
@@ -129,333 +134,228 @@ def _or_dummy(tensor: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return tensor if tensor is not None else like
 
 
-def resolve_residency(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    hot_block_table: torch.Tensor,
-    global_indices: torch.Tensor,
-    hot_indices: torch.Tensor,
-    device_global_indices: torch.Tensor,
-    lru_slots: torch.Tensor,
-    request_state_indices: torch.Tensor | None,
-    region_stride: int,
-    max_union_rows: int,
-    miss_mask: torch.Tensor | None,
-    stats: torch.Tensor | None,
-    attention_indices: torch.Tensor | None,
-    attention_block_stride: int,
-    request_ids: torch.Tensor | None,
-    source_block_table: torch.Tensor | None,
-    source_block_size: int,
-    resolved_global_indices: torch.Tensor | None,
-    valid_counts: torch.Tensor | None,
-    swap_host_physical_rows: torch.Tensor | None,
-    swap_device_physical_rows: torch.Tensor | None,
-    swap_counts: torch.Tensor | None,
-    resident_block_table: torch.Tensor | None,
-    resident_block_size: int,
-    resident_null_block: int,
-    *,
-    error_flags: torch.Tensor | None = None,
-) -> None:
-    """Plan one decode step: translate top-k, find hot hits, pick LRU victims, update DGI/LRU, list swaps.
+class ResolveScratch:
+    """Global-memory scratch of resolve calls: a hash table of 2 cells per position, the position -> cell map,
+    one LRU-ordered slot list per run (each run uses the part indexed by its first row) and each run's union
+    size (at its first row).
 
-    Semantics, arguments and outputs exactly as ``hisparse_resolve_residency`` in vLLM 0.33.0 (see
-    ``docs/design/cache-ops.md``); in place, returns None. Two launches of one program per batch row; the
-    first row of each run (rows with one request id) handles the whole run in tiles: launch 1 builds the
-    run's union in a hash table in global scratch (no shared-memory limit, unlike the CUDA kernel's on
-    64 KiB-LDS AMD parts), launch 2 does the rest.
-
-    Args:
-        error_flags: optional int32 ``[1]`` on the ops' device, OR-ed with 1 (a run's union overflowed
-            ``max_union_rows``; it was treated as padding), 2 (an LRU victim slot was out of range) and 4
-            (a state row used by two runs; the later one was treated as padding).
-
-    Raises:
-        InvalidArgumentError: a dtype, shape, device, stride or scalar that vLLM's op would reject.
-        UnsupportedCapabilityError: triton is not available.
+    One per ops object (vLLM's copy stream serializes its calls): buffers are allocated on the first call of a
+    batch shape and reused at the same addresses, so a captured graph's replays find them. Not thread-safe.
     """
-    arguments.check_resolve_residency(
-        host_cache, hot_cache, hot_block_table, global_indices, hot_indices, device_global_indices, lru_slots,
-        request_state_indices, region_stride, max_union_rows, miss_mask, stats, attention_indices,
-        attention_block_stride, request_ids, source_block_table, source_block_size, resolved_global_indices,
-        valid_counts, swap_host_physical_rows, swap_device_physical_rows, swap_counts, resident_block_table,
-        resident_block_size, resident_null_block, error_flags=error_flags,
-    )
-    _launch(
-        plan_resolve_residency(
-            host_cache, hot_cache, hot_block_table, global_indices, hot_indices, device_global_indices, lru_slots,
-            request_state_indices, max_union_rows, miss_mask, stats, attention_indices, attention_block_stride,
-            request_ids, source_block_table, source_block_size, resolved_global_indices, valid_counts,
-            swap_host_physical_rows, swap_device_physical_rows, swap_counts, resident_block_table,
-            resident_block_size, resident_null_block, error_flags,
-        ),
-        global_indices.device,
-    )
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[object, ...], dict[str, torch.Tensor]] = {}
+
+    def get(self, rows: int, top_k: int, slots: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """The buffers for ``rows x top_k`` positions and ``slots`` slots on ``device``."""
+        key = (rows, top_k, slots, device)
+        buffers = self._buffers.get(key)
+        if buffers is None:
+            cells = 2 * rows * top_k
+
+            def empty(size: int) -> torch.Tensor:
+                return torch.empty(size, dtype=torch.int32, device=device)
+
+            buffers = {"keys": empty(cells), "first": empty(cells), "kind": empty(cells), "slot": empty(cells),
+                       "cells": empty(rows * top_k), "order": empty(rows * slots), "union": empty(rows)}
+            if device.type != "meta":
+                self._buffers[key] = buffers
+        return buffers
 
 
-def plan_resolve_residency(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    hot_block_table: torch.Tensor,
-    global_indices: torch.Tensor,
-    hot_indices: torch.Tensor,
-    device_global_indices: torch.Tensor,
-    lru_slots: torch.Tensor,
-    request_state_indices: torch.Tensor | None,
-    max_union_rows: int,
-    miss_mask: torch.Tensor | None,
-    stats: torch.Tensor | None,
-    attention_indices: torch.Tensor | None,
-    attention_block_stride: int,
-    request_ids: torch.Tensor | None,
-    source_block_table: torch.Tensor | None,
-    source_block_size: int,
-    resolved_global_indices: torch.Tensor | None,
-    valid_counts: torch.Tensor | None,
-    swap_host_physical_rows: torch.Tensor | None,
-    swap_device_physical_rows: torch.Tensor | None,
-    swap_counts: torch.Tensor | None,
-    resident_block_table: torch.Tensor | None,
-    resident_block_size: int,
-    resident_null_block: int,
-    error_flags: torch.Tensor | None,
-) -> list[Launch]:
-    """The launches of :func:`resolve_residency` for checked arguments (``region_stride`` aside, which the
-    kernels do not need): two, or none for an empty batch. Allocates the call's scratch on the tensors' device
-    (``meta`` tensors give a plan without memory, as ``hisparse-hal kernels`` uses it)."""
-    rows, top_k = global_indices.shape
-    if rows == 0 or top_k == 0:
+def plan_resolve_residency(inputs: ResolveInputs, scratch: ResolveScratch | None = None) -> list[Launch]:
+    """The two launches of :func:`resolve` for checked inputs (none for an empty batch), with the scratch
+    they share (``meta`` tensors give a plan without memory, as ``hisparse-hal kernels`` uses it)."""
+    if inputs.empty:
         return []
-    device = global_indices.device
-    slots = device_global_indices.size(1)
-    block_size = hot_cache.size(1)
-    scratch = _Scratch(rows, top_k, slots, device)
-    dummy = hot_indices
-    src = _or_dummy(source_block_table, dummy)
-    res = _or_dummy(resident_block_table, dummy)
-    att = _or_dummy(attention_indices, dummy)
-    valid = _or_dummy(valid_counts, dummy)
+    rows, top_k, slots = inputs.num_rows, inputs.top_k, inputs.hot_size
+    buffers = (scratch or ResolveScratch()).get(rows, top_k, slots, inputs.device)
+    dummy = inputs.hot_indices
+    src = _or_dummy(inputs.source_block_table, dummy)
+    res = _or_dummy(inputs.resident_block_table, dummy)
+    att = _or_dummy(inputs.attention_indices, dummy)
+    valid = _or_dummy(inputs.valid_counts, dummy)
+    rsi = inputs.request_state_indices
     flags = dict(
-        HAS_RSI=request_state_indices is not None,
-        HAS_RID=request_ids is not None,
-        HAS_SRC=source_block_table is not None,
-        HAS_RES=resident_block_table is not None,
+        HAS_RSI=rsi is not None,
+        HAS_RID=inputs.request_ids is not None,
+        HAS_NVR=inputs.num_valid_rows is not None,
+        HAS_SRC=inputs.source_block_table is not None,
+        HAS_RES=inputs.resident_block_table is not None,
     )
-    state_rows = request_state_indices.numel() if request_state_indices is not None else 0
+    state_rows = rsi.numel() if rsi is not None else 0
+    has_src, has_res = inputs.source_block_table is not None, inputs.resident_block_table is not None
     source = (
-        src, src.size(0) if source_block_table is not None else 0,
-        src.size(1) if source_block_table is not None else 0, src.stride(0), max(source_block_size, 1),
-        res, res.size(0) if resident_block_table is not None else 0,
-        res.size(1) if resident_block_table is not None else 0, res.stride(0), max(resident_block_size, 1),
-        resident_null_block,
+        src, src.size(0) if has_src else 0, src.size(1) if has_src else 0, src.stride(0),
+        max(inputs.source_block_size, 1),
+        res, res.size(0) if has_res else 0, res.size(1) if has_res else 0, res.stride(0),
+        max(inputs.resident_block_size, 1),
     )
+    ids = (_or_dummy(inputs.request_ids, dummy), _or_dummy(inputs.num_valid_rows, dummy))
+    gi = inputs.global_indices
     union = Launch("resolve_union_kernel", (rows,), (
-        host_cache.size(0), rows, top_k, device_global_indices.size(0),
-        global_indices, global_indices.stride(0),
-        _or_dummy(request_state_indices, dummy), state_rows,
-        _or_dummy(request_ids, dummy),
+        inputs.host_rows, rows, top_k, inputs.num_states,
+        gi, gi.stride(0),
+        _or_dummy(rsi, dummy), state_rows,
+        *ids,
         *source,
-        scratch.keys, scratch.first, scratch.kind, scratch.cells, scratch.union,
-    ), dict(BLOCK_K=_pow2(top_k), **flags))
+        buffers["keys"], buffers["first"], buffers["kind"], buffers["cells"], buffers["union"],
+    ), dict(BLOCK_K=_pow2(top_k), BLOCK_R=_pow2(rows, cap=_BLOCK_ROWS), **flags))
+    stats = inputs.stats
     residency = Launch("resolve_residency_kernel", (rows,), (
-        host_cache.size(0), block_size, rows, top_k, slots, device_global_indices.size(0), max_union_rows,
-        hot_block_table, hot_block_table.size(0), hot_block_table.size(1), hot_block_table.stride(0),
-        global_indices, global_indices.stride(0),
-        hot_indices,
-        device_global_indices, lru_slots,
-        _or_dummy(request_state_indices, dummy), state_rows,
-        _or_dummy(request_ids, dummy),
+        inputs.host_rows, inputs.block_size, rows, top_k, slots, inputs.num_states, inputs.max_union_rows,
+        inputs.hot_block_table, inputs.hot_block_table.size(0), inputs.hot_block_table.size(1),
+        inputs.hot_block_table.stride(0),
+        gi, gi.stride(0),
+        inputs.hot_indices,
+        inputs.device_global_indices, inputs.lru_slots,
+        _or_dummy(rsi, dummy), state_rows,
+        *ids,
         *source,
-        _or_dummy(miss_mask, dummy),
         stats.view(torch.int64) if stats is not None else dummy,
-        att, att.stride(0), attention_block_stride,
-        _or_dummy(resolved_global_indices, dummy),
-        valid, valid.stride(0) if valid_counts is not None else 0,
-        _or_dummy(swap_host_physical_rows, dummy),
-        _or_dummy(swap_device_physical_rows, dummy),
-        _or_dummy(swap_counts, dummy),
-        _or_dummy(error_flags, dummy),
-        scratch.keys, scratch.first, scratch.kind, scratch.slot, scratch.cells, scratch.order, scratch.union,
+        att, att.stride(0), inputs.attention_block_stride,
+        valid, valid.stride(0) if inputs.valid_counts is not None else 0,
+        _or_dummy(inputs.swap_host_physical_rows, dummy),
+        _or_dummy(inputs.swap_device_physical_rows, dummy),
+        _or_dummy(inputs.swap_counts, dummy),
+        buffers["keys"], buffers["first"], buffers["kind"], buffers["slot"], buffers["cells"], buffers["order"],
+        buffers["union"],
     ), dict(
-        HAS_MISS=miss_mask is not None,
         HAS_STATS=stats is not None,
-        HAS_ATT=attention_indices is not None,
-        HAS_RESOLVED=resolved_global_indices is not None,
-        HAS_VALID=valid_counts is not None,
-        HAS_SWAP=swap_counts is not None,
-        HAS_ERR=error_flags is not None,
+        HAS_ATT=inputs.attention_indices is not None,
+        HAS_VALID=inputs.valid_counts is not None,
+        HAS_SWAP=inputs.has_swaps,
         BLOCK_K=_pow2(top_k),
         BLOCK_H=_pow2(slots),
-        BLOCK_R=_pow2(rows, cap=_BLOCK_ROWS),
         **flags,
     ))
     return [union, residency]
 
 
-class _Scratch:
-    """Global-memory scratch of one resolve call: a hash table of 2 cells per position, the position->cell
-    map, one LRU-ordered slot list per run (each run uses the part indexed by its first row) and each run's
-    union size (at its first row)."""
+def _check_union(inputs: ResolveInputs, union: torch.Tensor) -> None:
+    """The bound between the launches: typed error on CPU tensors, ``_assert_async`` on a GPU (the second
+    launch also writes an overflowing run as padding and leaves its state alone)."""
 
-    def __init__(self, rows: int, top_k: int, slots: int, device: torch.device) -> None:
-        cells = 2 * rows * top_k
-        self.keys = torch.empty(cells, dtype=torch.int32, device=device)
-        self.first = torch.empty(cells, dtype=torch.int32, device=device)
-        self.kind = torch.empty(cells, dtype=torch.int32, device=device)
-        self.slot = torch.empty(cells, dtype=torch.int32, device=device)
-        self.cells = torch.empty(rows * top_k, dtype=torch.int32, device=device)
-        self.order = torch.empty(rows * slots, dtype=torch.int32, device=device)
-        self.union = torch.empty(rows, dtype=torch.int32, device=device)
+    def error(row: int) -> UnionOverflowError:
+        if inputs.request_ids is None:
+            request = row
+        else:
+            request = int(inputs.request_ids.reshape(-1)[row])
+        rsi = inputs.request_state_indices
+        state = int(rsi[request]) if rsi is not None else request
+        return UnionOverflowError(state, request, int(union[row]), inputs.max_union_rows)
+
+    device_checks.refuse(union > inputs.max_union_rows, error,
+                         f"hisparse resolve_residency: a request's union exceeds max_union_rows = "
+                         f"{inputs.max_union_rows}")
 
 
-def gather_compact(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    miss_global_indices: torch.Tensor,
-    miss_hot_indices: torch.Tensor,
-    miss_counts: torch.Tensor,
-) -> None:
-    """Copy the compact swap plan from host rows to hot rows (``hisparse_gather_compact``).
-
-    For each row ``r``, the first ``clamp(miss_counts[r], 0, K)`` entries: host row ``g`` to physical hot
-    row ``d``; ``g >= host_rows`` writes zeros; negative ``g`` or ``d``, or ``d`` past the hot cache, are
-    skipped. The count is read on the device; the grid is fixed by the shapes.
+def resolve(inputs: ResolveInputs, scratch: ResolveScratch | None = None) -> None:
+    """``hisparse_resolve_residency`` on checked inputs: launch 1 (translate, union; scratch only), the
+    union bound, launch 2 (classify, misses, publish, LRU, stats). One program per batch row; the first row of
+    each run handles the whole run in tiles, with its union in a hash table in global scratch (no shared-memory
+    limit, unlike the CUDA kernel's on 64 KiB-LDS AMD parts).
 
     Raises:
-        InvalidArgumentError: as vLLM's op would. UnsupportedCapabilityError: triton is not available.
+        UnionOverflowError: on CPU tensors (interpreter), before any output or state is written.
+        UnsupportedCapabilityError: triton is not available.
     """
-    arguments.check_gather_compact(host_cache, hot_cache, miss_global_indices, miss_hot_indices, miss_counts)
-    _launch(plan_gather_compact(host_cache, hot_cache, miss_global_indices, miss_hot_indices, miss_counts),
-            miss_global_indices.device)
+    launches = plan_resolve_residency(inputs, scratch)
+    if not launches:
+        return
+    _launch(launches[:1], inputs.device)
+    _check_union(inputs, launches[0].args[-1])
+    _launch(launches[1:], inputs.device)
 
 
-def plan_gather_compact(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    miss_global_indices: torch.Tensor,
-    miss_hot_indices: torch.Tensor,
-    miss_counts: torch.Tensor,
-) -> list[Launch]:
-    """The launch of :func:`gather_compact` for checked arguments (none for an empty plan)."""
-    return _plan_gather(host_cache, hot_cache, miss_global_indices, miss_hot_indices, None, miss_counts, None,
-                        None, 0)
-
-
-def gather_plan(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    global_indices: torch.Tensor,
-    hot_indices: torch.Tensor,
-    miss_mask: torch.Tensor,
-    request_state_indices: torch.Tensor | None,
-    attention_indices: torch.Tensor | None,
-    attention_block_stride: int,
-) -> None:
-    """Masked gather from host rows into a hot or staging buffer (``hisparse_gather_plan``).
-
-    ``request_state_indices`` is indexed by plan row; a negative entry marks a padding row (nothing copied,
-    attention index -1). ``attention_indices``, when given, is written for every column.
-
-    Raises:
-        InvalidArgumentError: as vLLM's op would. UnsupportedCapabilityError: triton is not available.
-    """
-    arguments.check_gather_plan(
-        host_cache, hot_cache, global_indices, hot_indices, miss_mask, request_state_indices, attention_indices,
-        attention_block_stride,
-    )
-    _launch(
-        plan_gather_plan(host_cache, hot_cache, global_indices, hot_indices, miss_mask, request_state_indices,
-                         attention_indices, attention_block_stride),
-        global_indices.device,
-    )
-
-
-def plan_gather_plan(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    global_indices: torch.Tensor,
-    hot_indices: torch.Tensor,
-    miss_mask: torch.Tensor,
-    request_state_indices: torch.Tensor | None,
-    attention_indices: torch.Tensor | None,
-    attention_block_stride: int,
-) -> list[Launch]:
-    """The launch of :func:`gather_plan` for checked arguments (none for an empty plan)."""
-    return _plan_gather(host_cache, hot_cache, global_indices, hot_indices, miss_mask, None, request_state_indices,
-                        attention_indices, attention_block_stride)
-
-
-def _plan_gather(
-    host_cache: torch.Tensor,
-    hot_cache: torch.Tensor,
-    global_indices: torch.Tensor,
-    hot_indices: torch.Tensor,
-    miss_mask: torch.Tensor | None,
-    counts: torch.Tensor | None,
-    request_state_indices: torch.Tensor | None,
-    attention_indices: torch.Tensor | None,
-    attention_block_stride: int,
-) -> list[Launch]:
-    rows, columns = global_indices.shape
-    if rows == 0 or columns == 0:
+def plan_gather(inputs: GatherInputs) -> list[Launch]:
+    """The launch of :func:`gather` for checked inputs (none for an empty plan)."""
+    if inputs.empty:
         return []
-    paged = hot_cache if hot_cache.dim() == 3 else hot_cache.unsqueeze(1)  # 2-D staging: block size 1
-    host_words, hot_words = _words(host_cache), _words(paged)
+    host_words, hot_words = _words(inputs.host_cache), _words(inputs.hot_cache)
     if host_words.dtype != hot_words.dtype:
-        host_words, hot_words = host_cache.view(torch.uint8), paged.view(torch.uint8)
+        host_words, hot_words = inputs.host_cache.view(torch.uint8), inputs.hot_cache.view(torch.uint8)
     row_words = host_words.size(1)
-    block_count, block_size = paged.size(0), paged.size(1)
-    dummy = hot_indices
+    columns = inputs.columns
     tiles_per_row = -(-columns // _GATHER_COLUMNS)
-    tiles = rows * tiles_per_row
+    tiles = inputs.num_rows * tiles_per_row
+    compact = inputs.compact
+    dummy = inputs.hot_indices
     return [Launch("gather_rows_kernel", (min(tiles, _GATHER_PROGRAMS),), (
-        host_words, hot_words, global_indices, hot_indices, _or_dummy(miss_mask, dummy), _or_dummy(counts, dummy),
-        _or_dummy(request_state_indices, dummy), _or_dummy(attention_indices, dummy),
-        columns, tiles_per_row, tiles, host_cache.size(0), block_count * block_size, block_size,
-        hot_words.stride(0), hot_words.stride(1), row_words, attention_block_stride,
+        host_words, hot_words, inputs.global_indices, inputs.hot_indices,
+        dummy if compact else inputs.selector, inputs.selector if compact else dummy,
+        columns, tiles_per_row, tiles, inputs.host_rows, inputs.hot_rows, inputs.block_size,
+        hot_words.stride(0), hot_words.stride(1), row_words,
     ), dict(
-        COMPACT=counts is not None,
-        HAS_RSI=request_state_indices is not None,
-        HAS_ATT=attention_indices is not None,
+        COMPACT=compact,
         BLOCK_C=_GATHER_COLUMNS,
         BLOCK_W=_pow2(row_words, cap=256),
     ))]
 
 
-def invalidate_written_slots(
-    device_global_indices: torch.Tensor,
-    request_state_indices: torch.Tensor,
-    req_id_per_token: torch.Tensor,
-    written_slots: torch.Tensor,
-) -> None:
-    """Drop hot copies of host rows rewritten this step (``hisparse_invalidate_written_slots``).
-
-    For each token ``t`` with a request ``q`` in range, state ``s`` in range and ``written_slots[t] >= 0``,
-    every entry of ``device_global_indices[s]`` equal to it becomes -1.
+def gather(inputs: GatherInputs) -> None:
+    """``hisparse_gather_plan`` / ``hisparse_gather_compact`` on checked inputs: one grid-stride launch.
 
     Raises:
-        InvalidArgumentError: as vLLM's op would. UnsupportedCapabilityError: triton is not available.
+        UnsupportedCapabilityError: triton is not available.
     """
-    arguments.check_invalidate_written_slots(
-        device_global_indices, request_state_indices, req_id_per_token, written_slots
-    )
-    _launch(plan_invalidate_written_slots(device_global_indices, request_state_indices, req_id_per_token,
-                                          written_slots), device_global_indices.device)
+    _launch(plan_gather(inputs), inputs.device)
 
 
-def plan_invalidate_written_slots(
-    device_global_indices: torch.Tensor,
-    request_state_indices: torch.Tensor,
-    req_id_per_token: torch.Tensor,
-    written_slots: torch.Tensor,
-) -> list[Launch]:
-    """The launch of :func:`invalidate_written_slots` for checked arguments (none without tokens or slots)."""
-    tokens = req_id_per_token.numel()
-    if tokens == 0 or device_global_indices.numel() == 0:
+def _known_addresses(inputs: InvalidateInputs) -> torch.Tensor:
+    """The registered candidates' addresses as an int64 tensor on the ops' device (at least one element)."""
+    addresses = list(inputs.addresses) or [0]
+    if inputs.device.type == "meta":
+        return torch.empty(len(addresses), dtype=torch.int64, device="meta")
+    return torch.tensor(addresses, dtype=torch.int64).to(inputs.device)
+
+
+def plan_invalidate_written_slots(inputs: InvalidateInputs, known: torch.Tensor | None = None) -> list[Launch]:
+    """The launch of :func:`invalidate` for checked inputs: a ``(tokens, tables)`` grid (none when empty)."""
+    if inputs.empty:
         return []
-    slots = device_global_indices.size(1)
-    return [Launch("invalidate_written_slots_kernel", (tokens,), (
-        device_global_indices, request_state_indices, req_id_per_token, written_slots,
-        request_state_indices.numel(), device_global_indices.size(0), slots,
-    ), dict(BLOCK_H=_pow2(slots)))]
+    known = known if known is not None else _known_addresses(inputs)
+    tokens, groups = inputs.written_slots.numel(), inputs.device_global_indices_ptrs.numel()
+    return [Launch("invalidate_written_slots_kernel", (tokens, groups), (
+        inputs.device_global_indices_ptrs, known, len(inputs.addresses), inputs.request_state_indices,
+        inputs.req_id_per_token, inputs.written_slots, inputs.request_state_indices.numel(),
+        inputs.num_state_rows, inputs.region_stride,
+    ), dict(BLOCK_H=_pow2(inputs.region_stride), BLOCK_T=16))]
+
+
+def invalidate(inputs: InvalidateInputs) -> None:
+    """``hisparse_invalidate_written_slots`` on checked inputs: every address must be a registered table (typed
+    error on CPU tensors, ``_assert_async`` on a GPU, before the launch); the kernel casts only known addresses.
+
+    Raises:
+        UnknownTableError: on CPU tensors, before anything is written.
+        UnsupportedCapabilityError: triton is not available.
+    """
+    pointers = inputs.device_global_indices_ptrs
+    known = _known_addresses(inputs)
+    if pointers.numel():
+        names = (pointers[:, None] == known[None, :]) & bool(inputs.addresses)
+
+        def error(index: int) -> UnknownTableError:
+            return UnknownTableError(int(pointers[index]), index, f"is no registered [{inputs.num_state_rows}, "
+                                     f"{inputs.region_stride}] int32 device_global_indices table on {inputs.device}")
+
+        device_checks.refuse(~names.any(1), error, "hisparse invalidate_written_slots: unknown table address")
+    _launch(plan_invalidate_written_slots(inputs, known), inputs.device)
+
+
+def entries() -> VllmOps:
+    """The four vLLM-order entries with their own :class:`ResolveScratch` (one per ops object)."""
+    scratch = ResolveScratch()
+
+    def resolve_with_scratch(inputs: ResolveInputs) -> None:
+        resolve(inputs, scratch)
+
+    return vllm_ops(resolve_with_scratch, gather, invalidate)
+
+
+_OPS = vllm_ops(resolve, gather, invalidate)
+resolve_residency = _OPS.resolve_residency
+gather_compact = _OPS.gather_compact
+gather_plan = _OPS.gather_plan
+invalidate_written_slots = _OPS.invalidate_written_slots

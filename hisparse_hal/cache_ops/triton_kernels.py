@@ -43,15 +43,18 @@ def _hash_cell(key, table_size):
 
 @triton.jit
 def _translate(
-    t, q,
+    t, q, s,
     src_ptr, src_rows, src_cols, src_stride0, src_block,
-    res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+    res_ptr, res_rows, res_cols, res_stride0, res_block,
     host_rows,
     HAS_SRC: tl.constexpr, HAS_RES: tl.constexpr,
 ):
-    """Top-k token positions ``t`` of batch row ``q`` -> (host row g or -1, resident row or -1), int64."""
+    """Top-k token positions ``t`` of request row ``q`` with state row ``s`` -> (host row g or -1, resident row
+    or -1), int64. Source table by request row, resident table by state row, block 0 = host
+    (``hisparse_kernels.cu:217-261``)."""
     t64 = t.to(tl.int64)
     q64 = q.to(tl.int64)
+    s64 = s.to(tl.int64)
     valid_t = t64 >= 0
     if HAS_SRC:
         page = tl.where(valid_t, t64 // src_block, 0)
@@ -64,9 +67,9 @@ def _translate(
         g = t64
     if HAS_RES:
         rpage = tl.where(valid_t, t64 // res_block, 0)
-        okr = (valid_t & ((q64 >= 0) & (q64 < res_rows)) & (rpage < res_cols)) != 0
-        rblock = tl.load(res_ptr + q64 * res_stride0 + rpage, mask=okr, other=-1).to(tl.int64)
-        okr = okr & (rblock >= 0) & (rblock != res_null)
+        okr = (valid_t & ((s64 >= 0) & (s64 < res_rows)) & (rpage < res_cols)) != 0
+        rblock = tl.load(res_ptr + s64 * res_stride0 + rpage, mask=okr, other=0).to(tl.int64)
+        okr = okr & (rblock > 0)
         res = tl.where(okr, rblock * res_block + tl.where(valid_t, t64 % res_block, 0), -1)
     else:
         res = tl.full(t.shape, -1, tl.int64)
@@ -110,29 +113,64 @@ def _write_index(hot_ptr, att_ptr, att_stride0, r64, cols, x, mask, block_size, 
 
 
 @triton.jit
-def _run_start(r0, rid_ptr, HAS_RID: tl.constexpr):
-    """(request row q, whether row r0 starts a run): a run is a maximal block of rows with one request id;
-    without request ids every row is its own run. Two loads, no scan: rows that do not lead exit after this."""
-    if HAS_RID:
-        q = tl.load(rid_ptr + r0).to(tl.int64)
-        prev = tl.load(rid_ptr + tl.maximum(r0 - 1, 0)).to(tl.int64)
-        is_leader = (r0 == 0) | (prev != q)
+def _valid_rows(N, nvr_ptr, HAS_NVR: tl.constexpr):
+    """``min(num_valid_rows[0], N)``, read on the device, or ``N`` without it (``hisparse_kernels.cu:378-389``)."""
+    if HAS_NVR:
+        valid = tl.minimum(tl.load(nvr_ptr).to(tl.int64), N)
     else:
-        q = r0
-        is_leader = r0 >= 0
+        valid = N + 0
+    return valid
+
+
+@triton.jit
+def _request_of(r, valid, rid_ptr, HAS_RID: tl.constexpr):
+    """Request row of batch row(s) ``r``: ``request_ids[r]`` below ``valid``, else -1; ``r`` without ids."""
+    r64 = r.to(tl.int64)
+    if HAS_RID:
+        inside = r64 < valid
+        q = tl.load(rid_ptr + tl.where(inside, r64, 0), mask=inside, other=-1).to(tl.int64)
+        q = tl.where(inside, q, -1)
+    else:
+        q = r64
+    return q
+
+
+@triton.jit
+def _run_start(r0, valid, rid_ptr, HAS_RID: tl.constexpr):
+    """(request row q, whether row r0 starts a run): a run is a maximal block of rows with one request;
+    without request ids every row is its own run. Two loads, no scan: rows that do not lead exit after this."""
+    q = _request_of(r0, valid, rid_ptr, HAS_RID)
+    prev = _request_of(tl.maximum(r0 - 1, 0), valid, rid_ptr, HAS_RID)
+    is_leader = (r0 == 0) | (prev != q)
     return q, is_leader
 
 
 @triton.jit
-def _run_end(r0, q, N, rid_ptr, HAS_RID: tl.constexpr):
+def _run_end(r0, q, N, valid, rid_ptr, HAS_RID: tl.constexpr):
     """One past the last row of the run that row ``r0`` leads (called by leaders only)."""
     r1 = r0 + 1
     if HAS_RID:
-        nxt = tl.load(rid_ptr + tl.minimum(r1, N - 1)).to(tl.int64)
+        nxt = _request_of(tl.minimum(r1, N - 1), valid, rid_ptr, HAS_RID)
         while (r1 < N) & (nxt == q):
             r1 += 1
-            nxt = tl.load(rid_ptr + tl.minimum(r1, N - 1)).to(tl.int64)
+            nxt = _request_of(tl.minimum(r1, N - 1), valid, rid_ptr, HAS_RID)
     return r1
+
+
+@triton.jit
+def _claimed_before(r0, s, valid, rid_ptr, rsi_ptr, rsi_len, num_states,
+                    HAS_RID: tl.constexpr, HAS_RSI: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Whether a run led by a row before ``r0`` has state row ``s`` (decision D1: this run is then padding)."""
+    dup = 0
+    for start in range(0, r0, BLOCK_R):
+        rr = start + tl.arange(0, BLOCK_R).to(tl.int64)
+        mr = rr < r0
+        qq = _request_of(rr, valid, rid_ptr, HAS_RID)
+        pq = _request_of(tl.maximum(rr - 1, 0), valid, rid_ptr, HAS_RID)
+        lead = mr & ((rr == 0) | (qq != pq))
+        same = lead & (_state_of(qq, rsi_ptr, rsi_len, num_states, HAS_RSI) == s)
+        dup += tl.sum(same.to(tl.int32), axis=0)
+    return dup > 0
 
 
 @triton.jit
@@ -140,25 +178,30 @@ def resolve_union_kernel(
     host_rows, N, K, num_states,
     gi_ptr, gi_stride0,
     rsi_ptr, rsi_len,
-    rid_ptr,
+    rid_ptr, nvr_ptr,
     src_ptr, src_rows, src_cols, src_stride0, src_block,
-    res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+    res_ptr, res_rows, res_cols, res_stride0, res_block,
     keys_ptr, first_ptr, kind_ptr, cells_ptr, union_ptr,
-    HAS_RSI: tl.constexpr, HAS_RID: tl.constexpr, HAS_SRC: tl.constexpr, HAS_RES: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    HAS_RSI: tl.constexpr, HAS_RID: tl.constexpr, HAS_NVR: tl.constexpr, HAS_SRC: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """Resolve, launch 1 of 2 (one program per batch row; run leaders work): translate the run's top-k and
-    build its union, host row -> first position, in a per-run hash table; write the union's size.
-
-    A separate launch because the next one decides whether a state row is shared by asking whether an
-    earlier run with it fitted ``max_union_rows``, which needs every run's union size first.
+    build its union, host row -> first position, in a per-run hash table; write the union's size at the
+    leader's row (``-1`` for a padding run, ``0`` for rows that do not lead). Writes scratch only, so the
+    union bound can be asserted between the two launches, before any output or state is written.
     """
     r0 = tl.program_id(0).to(tl.int64)
-    q, is_leader = _run_start(r0, rid_ptr, HAS_RID)
+    valid = _valid_rows(N, nvr_ptr, HAS_NVR)
+    q, is_leader = _run_start(r0, valid, rid_ptr, HAS_RID)
+    union = 0
     if is_leader:
+        union = -1
         s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
         if s >= 0:
-            r1 = _run_end(r0, q, N, rid_ptr, HAS_RID)
+            if _claimed_before(r0, s, valid, rid_ptr, rsi_ptr, rsi_len, num_states, HAS_RID, HAS_RSI, BLOCK_R):
+                s = -1
+        if s >= 0:
+            r1 = _run_end(r0, q, N, valid, rid_ptr, HAS_RID)
             positions = (r1 - r0) * K
             cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
             table = r0 * K * 2  # this run's hash table: 2 cells per position, load factor <= 1/2
@@ -176,8 +219,8 @@ def resolve_union_kernel(
                     cols = c0 + cols_k
                     mc = cols < K
                     t = tl.load(gi_ptr + r * gi_stride0 + cols, mask=mc, other=-1)
-                    g, res = _translate(t, q, src_ptr, src_rows, src_cols, src_stride0, src_block,
-                                        res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+                    g, res = _translate(t, q, s, src_ptr, src_rows, src_cols, src_stride0, src_block,
+                                        res_ptr, res_rows, res_cols, res_stride0, res_block,
                                         host_rows, HAS_SRC, HAS_RES)
                     p = ((r - r0) * K + cols).to(tl.int32)
                     active = mc & (res < 0) & (g >= 0)
@@ -198,7 +241,7 @@ def resolve_union_kernel(
                 ci = i + cols_k
                 kk = tl.load(keys_ptr + table + ci, mask=ci < table_size, other=_EMPTY)
                 union += tl.sum((kk != _EMPTY).to(tl.int32), axis=0)
-            tl.store(union_ptr + r0, union)
+    tl.store(union_ptr + r0, union)
 
 
 @triton.jit
@@ -211,58 +254,31 @@ def resolve_residency_kernel(
     hot_ptr,
     dgi_ptr, lru_ptr,
     rsi_ptr, rsi_len,
-    rid_ptr,
+    rid_ptr, nvr_ptr,
     src_ptr, src_rows, src_cols, src_stride0, src_block,
-    res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+    res_ptr, res_rows, res_cols, res_stride0, res_block,
     # optional outputs
-    miss_ptr, stats_ptr, att_ptr, att_stride0, att_block_stride,
-    resolved_ptr, valid_ptr, valid_stride0,
+    stats_ptr, att_ptr, att_stride0, att_block_stride,
+    valid_ptr, valid_stride0,
     swap_host_ptr, swap_dev_ptr, swap_counts_ptr,
-    err_ptr,
     # scratch: per run, at offsets derived from its first row
     keys_ptr, first_ptr, kind_ptr, slot_ptr, cells_ptr, order_ptr, union_ptr,
-    HAS_RSI: tl.constexpr, HAS_RID: tl.constexpr, HAS_SRC: tl.constexpr, HAS_RES: tl.constexpr,
-    HAS_MISS: tl.constexpr, HAS_STATS: tl.constexpr, HAS_ATT: tl.constexpr, HAS_RESOLVED: tl.constexpr,
-    HAS_VALID: tl.constexpr, HAS_SWAP: tl.constexpr, HAS_ERR: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+    HAS_RSI: tl.constexpr, HAS_RID: tl.constexpr, HAS_NVR: tl.constexpr, HAS_SRC: tl.constexpr,
+    HAS_RES: tl.constexpr, HAS_STATS: tl.constexpr, HAS_ATT: tl.constexpr, HAS_VALID: tl.constexpr,
+    HAS_SWAP: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     """Resolve, launch 2 of 2 (one program per batch row; run leaders work): with the union from launch 1,
     classify the run's slots in LRU order, give misses the oldest evictable slots, publish indices and counts,
-    rewrite the LRU. Padding, overflowing and state-sharing runs get padding outputs only."""
+    rewrite the LRU. Padding runs (union -1) get padding outputs; a run over ``max_union_rows`` (the assertion
+    between the launches fired) is written as padding too and touches no state."""
     r0 = tl.program_id(0).to(tl.int64)
-    q, is_leader = _run_start(r0, rid_ptr, HAS_RID)
+    valid = _valid_rows(N, nvr_ptr, HAS_NVR)
+    q, is_leader = _run_start(r0, valid, rid_ptr, HAS_RID)
     if is_leader:
-        r1 = _run_end(r0, q, N, rid_ptr, HAS_RID)
+        r1 = _run_end(r0, q, N, valid, rid_ptr, HAS_RID)
         s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
-        usable = s >= 0
-        union = 0
-        if usable:
-            union = tl.load(union_ptr + r0)
-        # more distinct host rows than max_union_rows: this run is padding (flag 1)
-        overflow = usable & (union > max_union_rows)
-        usable = usable & (union <= max_union_rows)
-        dup = 0
-        if usable:
-            for start in range(0, r0, BLOCK_R):
-                rr = start + tl.arange(0, BLOCK_R).to(tl.int64)
-                mr = rr < r0
-                if HAS_RID:
-                    qq = tl.load(rid_ptr + rr, mask=mr, other=-1).to(tl.int64)
-                    pq = tl.load(rid_ptr + tl.maximum(rr - 1, 0), mask=mr & (rr > 0), other=-1).to(tl.int64)
-                    lead = mr & ((rr == 0) | (qq != pq))
-                else:
-                    qq = rr
-                    lead = mr
-                same = lead & (_state_of(qq, rsi_ptr, rsi_len, num_states, HAS_RSI) == s)
-                fitted = tl.load(union_ptr + rr, mask=same, other=max_union_rows + 1) <= max_union_rows
-                dup += tl.sum((same & fitted).to(tl.int32), axis=0)
-        # an earlier run of this call already resolved this state row: this run is padding (flag 4)
-        reused = usable & (dup > 0)
-        usable = usable & (dup == 0)
-        if HAS_ERR:
-            flag = tl.where(reused, 4, tl.where(overflow, 1, 0))
-            if flag != 0:
-                tl.atomic_or(err_ptr, flag)
+        union = tl.load(union_ptr + r0)
+        usable = (union >= 0) & (union <= max_union_rows)
         cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
         table = r0 * K * 2
         table_size = (r1 - r0) * K * 2
@@ -321,7 +337,7 @@ def resolve_residency_kernel(
                         slot = tl.load(order_ptr + order + m, mask=have, other=-1).to(tl.int64)
                         good = have & (slot >= 0) & (slot < H)
                         key = tl.load(keys_ptr + table + safe, mask=miss, other=0)
-                        if HAS_SWAP:
+                        if HAS_SWAP:  # one flat [N * K] plan: the run's m-th miss at its first row's segment
                             tl.store(swap_host_ptr + r0 * K + m, key, mask=miss)
                             victim = _phys(q, tl.where(good, slot, 0), hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
                                            block_size)
@@ -330,10 +346,6 @@ def resolve_residency_kernel(
                         tl.store(dgi_ptr + s_row + tl.where(good, slot, 0), key, mask=good)
                         tl.store(kind_ptr + table + safe, tl.where(good, _KIND_MISS, _KIND_INVALID), mask=miss)
                         tl.store(slot_ptr + table + safe, slot.to(tl.int32), mask=good)
-                        bad = tl.sum((miss & ~good).to(tl.int32), axis=0)
-                        if bad > 0:
-                            if HAS_ERR:
-                                tl.atomic_or(err_ptr, 2)
                         misses_m += tl.sum(miss_i, axis=0)
                 tl.debug_barrier()
             # ---- phase 4: publish indices and tally (every position of the run)
@@ -345,8 +357,8 @@ def resolve_residency_kernel(
                     cols = c0 + cols_k
                     mc = cols < K
                     t = tl.load(gi_ptr + r * gi_stride0 + cols, mask=mc, other=-1)
-                    g, res = _translate(t, q, src_ptr, src_rows, src_cols, src_stride0, src_block,
-                                        res_ptr, res_rows, res_cols, res_stride0, res_block, res_null,
+                    g, res = _translate(t, q, s, src_ptr, src_rows, src_cols, src_stride0, src_block,
+                                        res_ptr, res_rows, res_cols, res_stride0, res_block,
                                         host_rows, HAS_SRC, HAS_RES)
                     p = ((r - r0) * K + cols).to(tl.int32)
                     host = mc & (res < 0) & (g >= 0)
@@ -359,11 +371,7 @@ def resolve_residency_kernel(
                     x = tl.where(res >= 0, res, tl.where(served, phys, -1))
                     _write_index(hot_ptr, att_ptr, att_stride0, r, cols, x, mc, block_size, att_block_stride, K,
                                  HAS_ATT)
-                    if HAS_RESOLVED:
-                        tl.store(resolved_ptr + r * K + cols, g.to(tl.int32), mask=mc)
                     is_miss = served & (kind == _KIND_MISS) & (first == p)
-                    if HAS_MISS:
-                        tl.store(miss_ptr + r * K + cols, is_miss.to(tl.int32), mask=mc)
                     miss_count += tl.sum(is_miss.to(tl.int32), axis=0)
                     hits_count += tl.sum((served & ~is_miss).to(tl.int32), axis=0)
                     valid_row += tl.sum((mc & ((res >= 0) | (g >= 0))).to(tl.int32), axis=0)
@@ -387,7 +395,7 @@ def resolve_residency_kernel(
                     tl.atomic_add(stats_ptr, hits_count.to(tl.int64))  # type: ignore[attr-defined]
                     tl.atomic_add(stats_ptr + 1, miss_count.to(tl.int64))  # type: ignore[attr-defined]
         else:
-            # ---- padding: -1 indices, 0 counts; miss_mask, swap rows and state untouched
+            # ---- padding: -1 indices, 0 counts; swap rows and state untouched (hisparse_kernels.cu:393-411)
             for r in range(r0, r1):
                 for c0 in range(0, K, BLOCK_K):
                     cols = c0 + cols_k
@@ -395,8 +403,6 @@ def resolve_residency_kernel(
                     none = tl.full([BLOCK_K], -1, tl.int64)
                     _write_index(hot_ptr, att_ptr, att_stride0, r, cols, none, mc, block_size, att_block_stride,
                                  K, HAS_ATT)
-                    if HAS_RESOLVED:
-                        tl.store(resolved_ptr + r * K + cols, none.to(tl.int32), mask=mc)
                 if HAS_VALID:
                     tl.store(valid_ptr + r * valid_stride0, 0)
                 if HAS_SWAP:
@@ -405,19 +411,18 @@ def resolve_residency_kernel(
 
 @triton.jit
 def gather_rows_kernel(
-    host_ptr, hot_ptr, gi_ptr, hi_ptr, mask_ptr, counts_ptr, rsi_ptr, att_ptr,
+    host_ptr, hot_ptr, gi_ptr, hi_ptr, mask_ptr, counts_ptr,
     C, tiles_per_row, tiles, host_rows, hot_rows, block_size, block_stride_w, row_stride_w, row_words,
-    att_block_stride,
-    COMPACT: tl.constexpr, HAS_RSI: tl.constexpr, HAS_ATT: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
+    COMPACT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """Copy host rows into hot rows, ``BLOCK_C`` plan columns (rows to copy) per tile; grid-stride over tiles.
 
     Tile ``i`` is columns ``[c0, c0 + BLOCK_C)`` of plan row ``i // tiles_per_row``; program ``p`` does tiles
     ``p, p + P, ...`` of the ``tiles`` (``P`` programs), so the grid stays fixed whatever the batch.
     ``COMPACT``: the first ``clamp(counts[r], 0, C)`` columns (gather_compact); a tile past the count reads
-    nothing more. Else the columns whose mask is nonzero, skipping padding rows (gather_plan). ``g >= host_rows``
-    zero-fills; negative or out-of-range destinations are skipped. Addresses are int64.
+    nothing more. Else the columns whose mask is nonzero (gather_plan). ``g >= host_rows`` zero-fills; negative
+    sources and destinations outside the hot cache are skipped (``hisparse_kernels.cu:841-895``). Destination
+    ``d`` is at ``d // block_size * block_stride + d % block_size * row_stride`` (words); addresses are int64.
     """
     words = tl.arange(0, BLOCK_W).to(tl.int64)
     lanes = tl.arange(0, BLOCK_C).to(tl.int64)
@@ -436,16 +441,8 @@ def gather_rows_kernel(
             if COMPACT:
                 take = mc & (cols < n)
             else:
-                if HAS_RSI:
-                    state = tl.load(rsi_ptr + r)
-                else:
-                    state = 0
-                pad = state < 0
-                if HAS_ATT:
-                    att = tl.where(((d < 0) | pad) != 0, -1, (d // block_size) * att_block_stride + d % block_size)
-                    tl.store(att_ptr + r * C + cols, att.to(tl.int32), mask=mc)
                 flagged = tl.load(mask_ptr + r * C + cols, mask=mc, other=0)
-                take = (mc & (flagged != 0) & ~pad) != 0
+                take = (mc & (flagged != 0)) != 0
             g = tl.load(gi_ptr + r * C + cols, mask=take, other=-1).to(tl.int64)
             take = take & (g >= 0) & (d >= 0) & (d < hot_rows)
             from_host = take & (g < host_rows)
@@ -462,19 +459,30 @@ def gather_rows_kernel(
 
 @triton.jit
 def invalidate_written_slots_kernel(
-    dgi_ptr, rsi_ptr, rid_ptr, ws_ptr, rsi_len, num_states, H,
-    BLOCK_H: tl.constexpr,
+    ptrs_ptr, known_ptr, num_known, rsi_ptr, rid_ptr, ws_ptr, rsi_len, num_states, H,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """One program per written token: clear every DGI entry of its state row that holds its host row."""
+    """One program per (written token, table address): clear every entry of the token's state row in that
+    table that holds its host row (``hisparse_kernels.cu:896-1012``). The int64 address becomes an int32
+    pointer only when it is one of the ``num_known`` registered table addresses; an unknown address writes
+    nothing (the assertion before the launch reports it)."""
     t = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1).to(tl.int64)
+    address = tl.load(ptrs_ptr + group)
+    hits = 0
+    for k0 in range(0, num_known, BLOCK_T):
+        ks = k0 + tl.arange(0, BLOCK_T)
+        known = tl.load(known_ptr + ks, mask=ks < num_known, other=0)
+        hits += tl.sum(((ks < num_known) & (known == address)).to(tl.int32), axis=0)
     q = tl.load(rid_ptr + t).to(tl.int64)
-    if (q >= 0) & (q < rsi_len):
+    if (hits > 0) & (q >= 0) & (q < rsi_len):
         s = tl.load(rsi_ptr + q).to(tl.int64)
         w = tl.load(ws_ptr + t).to(tl.int64)
-        if (s >= 0) & (s < num_states) & (w >= 0):
+        if (s >= 0) & (s < num_states) & (w >= 0) & (w <= 2147483647):
+            table = address.to(tl.pointer_type(tl.int32))
             cols = tl.arange(0, BLOCK_H).to(tl.int64)
             for i0 in range(0, H, BLOCK_H):
                 i = i0 + cols
                 mi = i < H
-                held = tl.load(dgi_ptr + s * H + i, mask=mi, other=-1).to(tl.int64)
-                tl.store(dgi_ptr + s * H + i, tl.full([BLOCK_H], -1, tl.int32), mask=mi & (held == w))
+                held = tl.load(table + s * H + i, mask=mi, other=-1).to(tl.int64)
+                tl.store(table + s * H + i, tl.full([BLOCK_H], -1, tl.int32), mask=mi & (held == w))

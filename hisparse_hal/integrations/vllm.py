@@ -67,7 +67,7 @@ class PluginStatus:
 
 
 def vllm_schema(name: str) -> str:
-    """vLLM 0.33.0's schema of op ``name`` (``resolve_residency``, ...): ours without keyword-only extras.
+    """vLLM 0.34.0's schema of op ``name`` (``resolve_residency``, ...): ours, which has no extras.
 
     Raises:
         KeyError: ``name`` is not one of the four ops.
