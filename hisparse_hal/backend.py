@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from .capabilities import Capabilities
-from .errors import InvalidArgumentError, UnsupportedCapabilityError
+from .errors import InvalidArgumentError, UnpinError, UnsupportedCapabilityError
 from .events import CapturedGraph, HalEvent
 from .gather import check_gather_destination, gather_rows
 from .host_registration import (
@@ -297,14 +297,21 @@ class HiSparseBackend:
     def unpin_tensor(self, tensor: torch.Tensor) -> None:
         """Release a tensor pinned with :meth:`pin_tensor`, chunk by chunk in reverse order.
 
+        Every failure is a ``RuntimeError`` (vLLM 0.34.0 catches only that, ``vllm/v1/hisparse/runtime.py:374``).
+
         Raises:
-            InvalidArgumentError: the tensor is not a pinned host tensor of this backend.
+            UnpinError: the tensor is not a pinned host tensor of this backend (an ``InvalidArgumentError``
+                and a ``RuntimeError``).
+            DeviceRuntimeError: the vendor's release call failed.
         """
-        address, size = self._host_range(tensor, "unpin_tensor")
+        try:
+            address, size = self._host_range(tensor, "unpin_tensor")
+        except InvalidArgumentError as error:
+            raise UnpinError(str(error)) from None
         with self._lock:
             entry = self._pins.pop((address, size), None)
             if entry is None:
-                raise InvalidArgumentError(
+                raise UnpinError(
                     f"unpin_tensor: tensor at {address:#x} ({size} bytes) was not pinned by "
                     f"backend {self.name!r}"
                 )

@@ -13,6 +13,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidDescriptorError",
     "UnionOverflowError",
+    "UnpinError",
     "UnknownTableError",
     "UnsupportedCapabilityError",
     "CaptureMisuseError",
@@ -50,6 +51,12 @@ class InvalidDescriptorError(InvalidArgumentError):
     def __init__(self, message: str, index: int | None = None) -> None:
         super().__init__(message)
         self.index = index
+
+
+class UnpinError(InvalidArgumentError, RuntimeError):
+    """``unpin_tensor`` was given something this backend cannot release: not a host tensor, or one it did
+    not pin. Also a ``RuntimeError``, the only failure vLLM 0.34.0's ``release_pinned_state`` catches
+    (``vllm/v1/hisparse/runtime.py:374``); an ``InvalidArgumentError`` for callers of this package."""
 
 
 class UnionOverflowError(InvalidArgumentError):

@@ -171,11 +171,27 @@ def test_collected_exporter_removes_its_file(backend):
     assert not os.path.exists(path)
 
 
-def test_record_and_wait_reject_a_stream(event):
-    with pytest.raises(InvalidArgumentError, match="one implicit stream; pass stream=None, got 'side'"):
+def test_record_and_wait_reject_a_stream_that_is_not_the_cpu_torch_stream(event):
+    with pytest.raises(InvalidArgumentError, match="pass stream=None or a CPU torch.Stream, got 'side'"):
         event.record("side")
     with pytest.raises(InvalidArgumentError, match="one implicit stream"):
         event.wait("side")
+
+
+def test_event_is_a_torch_event_that_records_on_the_cpu_torch_stream_vllm_passes(backend):
+    """vLLM 0.34.0 records on a ``torch.Stream`` and hands the event to ``torch.Stream.wait_event``
+    (kv_connector/v1/hisparse/worker.py:175-177, 419), which reads it as a ``torch.Event``."""
+    created = backend.create_ipc_event()
+    stream = torch.Stream("cpu")
+    assert isinstance(created, torch.Event)
+    created.record(stream)
+    stream.wait_event(created)  # a no-op on torch's CPU stream; must not fault
+    created.wait(stream)
+    created.synchronize()
+    assert created.query()
+    assert isinstance(pickle.loads(pickle.dumps(backend.export_event(created))), bytes)
+    with pytest.raises(InvalidArgumentError, match="a CPU torch.Stream"):
+        created.record(object())
 
 
 def test_pending_record_makes_waits_time_out_with_what_they_waited_for(event):

@@ -26,6 +26,8 @@ import uuid
 import weakref
 from collections.abc import Iterator
 
+import torch
+
 from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError
 from hisparse_hal.settings import EVENT_TIMEOUT_ENV
 
@@ -121,8 +123,14 @@ def _release(fd: int, path: str | None, owner_pid: int) -> None:
     os.close(fd)
 
 
-class CpuIpcEvent:
-    """An event shaped like ``torch.Event`` whose state lives in a shared-memory file.
+class CpuIpcEvent(torch.Event):
+    """A ``torch.Event`` (CPU) whose state lives in a shared-memory file.
+
+    It derives from ``torch.Event`` so that ``torch.Stream.wait_event(event)`` (vLLM 0.34.0,
+    ``kv_connector/v1/hisparse/worker.py:419, 913``) is memory-safe: torch reads its argument as a
+    ``torch.Event`` without a type check (``torch/csrc/Stream.cpp``, ``THPStream_wait_event``). On the CPU
+    that wait is a no-op (torch's CPU stream has no events) and never reaches :meth:`wait`; only
+    :meth:`wait` and :meth:`synchronize` order work across processes.
 
     ``record()`` completes at once (host work is synchronous on the CPU device) after bumping the
     issued counter; ``wait()`` and ``synchronize()`` block until the latest record issued before the
@@ -135,6 +143,9 @@ class CpuIpcEvent:
         timeout_s: bound of every wait, in seconds.
         handle: the picklable bytes that :func:`import_event` opens.
     """
+
+    def __new__(cls, *args: object, **kwargs: object) -> CpuIpcEvent:
+        return super().__new__(cls, torch.device("cpu"))  # torch.Event's own arguments: the device only
 
     def __init__(self, fd: int, directory: str, name: str, token: str, creator_pid: int,
                  creator_process: str, owner: bool, timeout_s: float) -> None:
@@ -171,7 +182,8 @@ class CpuIpcEvent:
 
         Raises:
             PeerLostError: an imported event whose exporter exited or closed it (its file is removed).
-            CaptureMisuseError: while capturing. InvalidArgumentError: a stream, or a closed event.
+            CaptureMisuseError: while capturing. InvalidArgumentError: a stream that is not a CPU
+                ``torch.Stream``, or a closed event.
         """
         self._usable("record", stream)
         sequence = self._record.issue()
@@ -195,7 +207,8 @@ class CpuIpcEvent:
             PeerLostError: (an ``EventTimeoutError``) on an imported event whose exporter exited or
                 closed it, at the call or within ``LIVENESS_PERIOD_S`` of it during the wait; the
                 exporter's file is removed then.
-            CaptureMisuseError: while capturing. InvalidArgumentError: a stream, or a closed event.
+            CaptureMisuseError: while capturing. InvalidArgumentError: a stream that is not a CPU
+                ``torch.Stream``, or a closed event.
         """
         self._usable("wait", stream)
         self._wait_for(self._record.read()[0], "wait", self.timeout_s)
@@ -213,9 +226,10 @@ class CpuIpcEvent:
     def _usable(self, member: str, stream: object | None) -> None:
         if self.closed:
             raise InvalidArgumentError(f"{member} on closed CPU IPC event {self.name}")
-        if stream is not None:
+        if stream is not None and not (isinstance(stream, torch.Stream) and stream.device.type == "cpu"):
             raise InvalidArgumentError(
-                f"{member}: the CPU device has one implicit stream; pass stream=None, got {stream!r}"
+                f"{member}: the CPU device has one implicit stream; pass stream=None or a CPU torch.Stream, "
+                f"got {stream!r}"
             )
         if member != "query":
             refuse_while_capturing(f"CpuIpcEvent.{member}")
