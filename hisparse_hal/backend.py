@@ -29,7 +29,8 @@ from .host_registration import (
     plan_host_chunks,
     register_in_chunks,
 )
-from .kv_cache import KVCacheConfig, build_views, validate_config
+from .kv_cache import KV_FORMAT_SPECS, build_views, validate_config
+from .kv_placements import device_slabs, is_placement_config, validate_placements
 from .regions import Region, RegionTable, SwapBatch
 from .stats import new_stats_counter
 
@@ -403,13 +404,24 @@ class HiSparseBackend:
             del self._explicit[region.start]
 
     # ----------------------------------------------------------------- KV cache config and views
-    def validate_kv_cache_config(self, kv_cache_config: KVCacheConfig) -> None:
+    def validate_kv_cache_config(self, kv_cache_config: Any) -> None:
         """Validate device cache formats before allocating or pinning storage.
+
+        Takes this package's :class:`~hisparse_hal.kv_cache.KVCacheConfig` or a config described by tensor
+        placements (vLLM 0.34.0's ``KVCacheConfig``, called at ``vllm/v1/hisparse/binding.py:139``; see
+        :func:`hisparse_hal.kv_placements.validate_placements`).
 
         Raises:
             InvalidArgumentError: a malformed config (see :func:`hisparse_hal.kv_cache.validate_config`).
-            UnsupportedCapabilityError: a format this device cannot hold.
+            UnsupportedCapabilityError: a format this device cannot hold, or a shared host pool it cannot
+                provide.
         """
+        if is_placement_config(kv_cache_config):
+            fp8 = {KV_FORMAT_SPECS[name].dtype for name in self.capabilities.kv_formats
+                   if name.startswith("fp8_e")}
+            validate_placements(kv_cache_config, shared_host_pool=self.supports_shared_host_pool,
+                                supported_fp8=fp8, where=self._where())
+            return
         validate_config(kv_cache_config, self.capabilities.kv_formats, self._where())
 
     def _where(self) -> str:
@@ -418,42 +430,52 @@ class HiSparseBackend:
 
     def prepare_kv_cache_views(
         self,
-        kv_cache_config: KVCacheConfig,
+        kv_cache_config: Any,
         kv_caches: dict[str, Any],
         forward_context: dict[str, Any],
     ) -> None:
-        """Replace each layer's entry in ``kv_caches`` by a typed view of the same storage.
+        """Make the KV caches' device bytes known swap regions (replacing those of an earlier call).
 
-        Each layer becomes ``[num_blocks, block_size, row_width]`` of the format's dtype at its offset,
-        and its byte range becomes a known swap region (replacing those of an earlier call). Nothing is
-        allocated, owned or kept per step; ``forward_context`` is accepted for interface parity and left
-        untouched. On error nothing changes.
+        With this package's :class:`~hisparse_hal.kv_cache.KVCacheConfig`, each layer's entry in
+        ``kv_caches`` becomes a typed ``[num_blocks, block_size, row_width]`` view of the same storage at
+        its offset, and each layer's bytes a region. With a placement config (vLLM 0.34.0, called once per
+        cache initialization at ``vllm/v1/hisparse/binding.py:150``, for the profiling cache and then the
+        real one), ``kv_caches`` is left as vLLM built it (its binder makes the views) and each distinct
+        device storage behind a device-resident layer becomes one region, so the worker's spills from
+        resident rows to the host pool (``swap_blocks_batch``) are accepted. Nothing is allocated, owned or
+        kept per step; ``forward_context`` is left untouched. On error nothing changes.
 
         Raises:
             InvalidArgumentError, UnsupportedCapabilityError: as :meth:`validate_kv_cache_config`, or a
-                layer missing, misplaced, too small or overlapping another.
+                layer missing, misplaced, too small or overlapping another or a pinned host region.
         """
         self.validate_kv_cache_config(kv_cache_config)
+        if is_placement_config(kv_cache_config):
+            slabs = device_slabs(kv_cache_config, kv_caches, self.device)
+            self._replace_cache_regions(
+                [Region(slab.start, slab.size, "device_cache", slab.label, self.device) for slab in slabs]
+            )
+            return
         views = build_views(kv_cache_config, kv_caches, self.device)
+        self._replace_cache_regions(
+            [
+                Region(views[layer.name].data_ptr(), kv_cache_config.layer_bytes, "device_cache",
+                       f"kv layer {layer.name!r}", self.device)
+                for layer in kv_cache_config.layers
+            ]
+        )
+        kv_caches.update(views)
+
+    def _replace_cache_regions(self, regions: list[Region]) -> None:
+        """Swap the KV-cache regions of the last ``prepare_kv_cache_views`` for ``regions``, all or none."""
         with self._lock:
             previous = self._cache_regions
             for region in previous:
                 self.regions.remove(region)
             added: list[Region] = []
             try:
-                for layer in kv_cache_config.layers:
-                    view = views[layer.name]
-                    added.append(
-                        self.regions.add(
-                            Region(
-                                view.data_ptr(),
-                                kv_cache_config.layer_bytes,
-                                "device_cache",
-                                f"kv layer {layer.name!r}",
-                                self.device,
-                            )
-                        )
-                    )
+                for region in regions:
+                    added.append(self.regions.add(region))
             except BaseException:
                 for region in added:
                     self.regions.remove(region)
@@ -461,7 +483,6 @@ class HiSparseBackend:
                     self.regions.add(region)
                 raise
             self._cache_regions = tuple(added)
-        kv_caches.update(views)
 
     # ----------------------------------------------------------------- per-step operations
     def _enqueue_cache_op(self, name: str, run: Callable[[], None], check: Callable[[], None]) -> None:

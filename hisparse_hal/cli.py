@@ -127,12 +127,12 @@ def _cmd_vllm_check(args: argparse.Namespace) -> int:
         print(f"vLLM: {report['vllm_version'] or 'not installed'}; entry point registered: "
               f"{report['entry_point_registered']}")
         print(f"plugin: {plugin['state']} ({plugin['reason']})")
-        for op, owner in plugin["owners"].items():
-            print(f"  _C_cache_ops.{op}: {owner}")
-        for device, implementation in plugin["implementations"].items():
-            print(f"  {device}: {implementation}")
-        if report["config_refusal"]:
-            print(f"config: {report['config_refusal']}")
+        print(f"vLLM resolves HiSparse backend: {report['backend_cls']}")
+        if report["backend_error"]:
+            print(f"backend error: {report['backend_error']}")
+        print(f"cache ops: {report['cache_ops']}")
+        for blocker in report["blockers"]:
+            print(f"blocker: {blocker}")
         print(f"HiSparse can run: {report['hisparse_can_run']}")
     return 0 if report["hisparse_can_run"] else 1
 
@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     scenario.add_argument("-v", "--verbose", action="store_true", help="log at INFO (the sync path's reason, cleanup)")
     scenario.set_defaults(func=_cmd_scenario)
 
-    vllm_check = sub.add_parser("vllm-check", help="can vLLM's HiSparse run here, and whose cache ops would it call")
+    vllm_check = sub.add_parser("vllm-check", help="can vLLM 0.34.0's HiSparse run here: its backend, whose cache ops, what blocks it")
     vllm_check.add_argument("--json", action="store_true", help="print JSON instead of text")
     vllm_check.set_defaults(func=_cmd_vllm_check)
     return parser
