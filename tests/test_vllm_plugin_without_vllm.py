@@ -1,4 +1,4 @@
-"""The vLLM plugin where vLLM is not installed: it imports, defines nothing, and ``vllm-check`` says so.
+"""The vLLM plugin where vLLM is not installed: it imports, selects nothing, and ``vllm-check`` says so.
 
 With vLLM installed these skip; tests/with_vllm covers that side against the real package.
 """
@@ -11,37 +11,24 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from hisparse_hal.cli import main
+from hisparse_hal.errors import BackendUnavailableError
 from hisparse_hal.integrations import vllm as plugin
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
                                 reason="vLLM is installed; tests/with_vllm covers the plugin with it")
 
 
-def test_register_without_vllm_defines_nothing() -> None:
+def test_register_without_vllm_selects_nothing() -> None:
     status = plugin.register()
-    assert (status.state, status.active, status.vllm_version) == ("no-vllm", False, None)
-    assert set(status.owners.values()) == {"absent"}
-    assert not hasattr(torch.ops._C_cache_ops, "hisparse_resolve_residency")
+    assert (status.state, status.active, status.vllm_version, status.backend_cls) == ("no-vllm", False, None, None)
 
 
-def test_disabled_by_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(plugin.DISABLE_ENV, "off")
-    status = plugin.register()
-    assert (status.state, status.reason) == ("disabled", "HISPARSE_HAL_VLLM_OPS=off")
-
-
-def test_vllm_schema_is_ours_without_keyword_only_extras() -> None:
-    schema = plugin.vllm_schema("resolve_residency")
-    assert schema.startswith("hisparse_resolve_residency(Tensor host_cache, Tensor! hot_cache,")
-    assert schema.endswith("int resident_null_block=0) -> ()") and "error_flags" not in schema
-    assert plugin.vllm_schema("gather_compact") == "hisparse_gather_compact" + \
-        "(Tensor host_cache, Tensor! hot_cache, Tensor miss_global_indices, Tensor miss_hot_indices, " \
-        "Tensor miss_counts) -> ()"
-    with pytest.raises(KeyError, match="gather_everything"):
-        plugin.vllm_schema("gather_everything")
+def test_unknown_backend_name_is_rejected_by_name() -> None:
+    with pytest.raises(BackendUnavailableError, match=r"HISPARSE_HAL_VLLM_BACKEND='tpu' names no hisparse-hal backend"):
+        plugin.adapter_qualname("tpu")
+    assert plugin.adapter_qualname("rocm") == "hisparse_hal.integrations.vllm_backend.RocmHiSparseBackend"
 
 
 def test_importing_hisparse_hal_and_the_plugin_never_imports_vllm() -> None:

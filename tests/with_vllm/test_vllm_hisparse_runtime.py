@@ -1,27 +1,32 @@
-"""Multi-step HiSparse decode through vLLM 0.33.0's own ``HiSparseRuntime``, calling our ops via the plugin.
+"""Multi-step HiSparse decode through vLLM 0.34.0's own ``HiSparseRuntime`` on hisparse-hal's CPU backend.
 
-Every op call comes from vLLM's code (``HiSparseCacheHandle.swap_in`` -> ``_resolve_and_stage_group`` ->
-``_resolve_residency`` / ``_swap_rows``, ``_stage_this_layer``, ``invalidate_written_slots``,
-``gather_prefill_cache``); the test only builds the objects and checks bytes. CPU-only stand-ins, each where a
-vLLM constructor or method needs a GPU: pinned memory (``HiSparseIndexGroup.swap_stats_host``), the copy stream
-and the layer-ready events (CPU ops run in program order, so waiting on them is a no-op here).
+vLLM resolves the backend itself (``get_hisparse_backend()`` after ``load_general_plugins()`` with
+``HISPARSE_HAL_VLLM_BACKEND=cpu``), and every backend call comes from vLLM's code: ``HiSparseRuntime.__init__``
+(``check_available``, ``stats_dtype``), ``bind_source_cache`` (``create_cache_ops``), ``HiSparseCacheHandle.swap_in``
+(``hisparse_resolve_residency`` / ``hisparse_gather_compact``), ``HiSparseSlotInvalidator``
+(``hisparse_invalidate_written_slots``) and ``gather_prefill_cache`` (``gather_resident_rows`` /
+``hisparse_gather_plan``). The test builds the objects and checks bytes, indices and stats against its own model.
+CPU stand-ins (tests/with_vllm/cpu_standins.py) replace only the torch stream/event/pinned-memory calls a CPU-only
+torch cannot serve.
 """
 
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from cpu_standins import install
 from vllm_env import loaded_plugin, require_vllm
 
 require_vllm()
 
-import vllm.utils.torch_utils as vllm_torch_utils  # noqa: E402
 from vllm.v1.hisparse import runtime as hr  # noqa: E402
+from vllm.v1.hisparse.backend import get_hisparse_backend  # noqa: E402
 
-from hisparse_hal.cache_ops import library, oracle, torch_impl  # noqa: E402
+from hisparse_hal.integrations.vllm_backend import CpuHiSparseBackend  # noqa: E402
 
 I32 = torch.int32
 BLOCK, TOP_K, MAX_QUERY_LEN, MAX_REQS, LAYERS = 4, 4, 2, 4, 3
@@ -33,61 +38,24 @@ STATE_OF_BATCH_ROW = [3, 1, 2]  # request_state_indices: non-identity
 RESIDENT_BLOCK = 17  # request 0's page 5 is resident in GPU block 17 of every layer
 
 
-class _InOrderStream:
-    """CPU stand-in for vLLM's copy/compute streams: CPU kernels run in program order, so waits are no-ops."""
-
-    def wait_stream(self, stream: Any) -> None:
-        return None
-
-    def wait_event(self, event: Any) -> None:
-        return None
-
-    def __enter__(self) -> _InOrderStream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-class _InOrderEvent:
-    def record(self, stream: Any = None) -> None:
-        return None
-
-
-class _UnpinnedTorch(types.SimpleNamespace):
-    """``torch`` for vLLM's runtime module while it constructs: ``pin_memory=True`` needs a GPU allocator."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-    @staticmethod
-    def empty(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
-        return torch.empty(*args, **kwargs)
-
-
 class World:
     """One index group of LAYERS layers over one slab, built with vLLM's constructors and binders."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    def __init__(self, seed: int) -> None:
         gen = torch.Generator().manual_seed(seed)
+        self.backend = get_hisparse_backend()
         config = hr.ResolvedHiSparseConfig(top_k=TOP_K, device_buffer_size=HOT_PAGES * BLOCK,
                                            max_union_rows=MAX_QUERY_LEN * TOP_K)
-        stream = _InOrderStream()
-        with monkeypatch.context() as m:
-            m.setattr(hr, "torch", _UnpinnedTorch())
-            leader = hr.HiSparseRuntime(config, MAX_REQS, ROW_WIDTH, DTYPE, "cpu", max_swap_rows=16,
-                                        copy_stream=stream)
-            self.runtimes = [leader] + [
-                hr.HiSparseRuntime(config, MAX_REQS, ROW_WIDTH, DTYPE, "cpu", index_group=leader.index_group)
-                for _ in range(LAYERS - 1)
-            ]
-        for runtime in self.runtimes:
-            runtime._layer_ready_event = _InOrderEvent()
+        leader = hr.HiSparseRuntime(config, MAX_REQS, ROW_WIDTH, DTYPE, "cpu", max_swap_rows=16)
+        self.runtimes = [leader] + [
+            hr.HiSparseRuntime(config, MAX_REQS, ROW_WIDTH, DTYPE, "cpu", index_group=leader.index_group)
+            for _ in range(LAYERS - 1)
+        ]
         # One slab, every layer's row of a block side by side: block stride > block size (PagedCacheView.bind).
         block_stride = LAYERS * BLOCK * ROW_BYTES
         self.slab = torch.randint(0, 256, (SLAB_BLOCKS * block_stride,), dtype=torch.uint8, generator=gen)
         self.hot_block_table = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]], dtype=I32)
-        self.resident_table = torch.zeros((MAX_REQS, PAGES), dtype=I32)
+        self.resident_table = torch.zeros((MAX_REQS, PAGES), dtype=I32)  # by request *state* row
         self.handles = [hr.HiSparseCacheHandle(runtime) for runtime in self.runtimes]
         self.host_kv = []
         for layer, (runtime, handle) in enumerate(zip(self.runtimes, self.handles, strict=True)):
@@ -97,22 +65,29 @@ class World:
             handle.bind_cache(self.slab, **binding, block_table=self.resident_table,
                               slot_mapping=torch.zeros(16, dtype=torch.int64))
             host = torch.randint(0, 256, (HOST_BLOCKS, BLOCK, ROW_BYTES), dtype=torch.uint8, generator=gen).view(DTYPE)
-            # Not pinned (no GPU here): passed as registered_host_pool, vLLM's path for cudaHostRegister'd pools.
+            self.backend.pin_tensor(host)  # as allocate_pinned_host_pool does (runtime.py:223-228)
             runtime.bind_source_cache(host, registered_host_pool=host)
             self.host_kv.append(host)
             handle.index_group_caches = self.handles
         assert self.runtimes[0].hot.attention_block_stride == LAYERS * BLOCK > BLOCK
         hr.initialize_hisparse_runtime_buffers(self.handles, max_num_reqs=MAX_REQS)
-        self.runtimes[0].request_state_indices[:3] = torch.tensor(STATE_OF_BATCH_ROW, dtype=I32)
+        rsi = self.runtimes[0].request_state_indices
+        assert rsi is not None
+        rsi[:3] = torch.tensor(STATE_OF_BATCH_ROW, dtype=I32)
+        self.invalidator = hr.HiSparseSlotInvalidator(rsi)
         # The host group's block table (batch rows); block 0 is the null block.
         self.source_block_table = torch.tensor(
             [[3, 8, 12, 6, 0, 21], [10, 4, 15, 1, 9, 0], [5, 14, 2, 11, 7, 13], [0] * PAGES], dtype=I32)
-        # Request 0 (batch row 0, state row 3) holds page 5 resident: the GPU block mirrors host block 21.
-        # Set under both its batch row and its state row (nothing else uses row 3), so either reading agrees.
-        self.resident_table[0, 5] = self.resident_table[3, 5] = RESIDENT_BLOCK
+        # Request 0 (batch row 0, state row 3) holds page 5 resident: the GPU block mirrors host block 21. Only
+        # its state row is set (0.34.0 reads the table by state row), so a batch-row reading would miss it.
+        self.resident_table[3, 5] = RESIDENT_BLOCK
         for layer, handle in enumerate(self.handles):
             assert handle.view is not None
             handle.view.cache[RESIDENT_BLOCK].copy_(self.host_kv[layer][21])
+
+    def close(self) -> None:
+        for host in self.host_kv:
+            self.backend.unpin_tensor(host)
 
     def attention_rows(self, layer: int, indices: torch.Tensor) -> torch.Tensor:
         return self.runtimes[layer].hot.attention_cache.reshape(-1, ROW_WIDTH)[indices.to(torch.long)]
@@ -123,20 +98,36 @@ class World:
             return None
         return int(self.source_block_table[batch_row, page]) * BLOCK + token % BLOCK
 
+    def resident(self, batch_row: int, token: int) -> bool:
+        page = token // BLOCK
+        return 0 <= token and page < PAGES and int(self.resident_table[STATE_OF_BATCH_ROW[batch_row], page]) > 0
+
     def rewrite_host_row(self, host_row: int, batch_row: int, gen: torch.Generator) -> None:
-        """The engine writes a new KV row into the host pool, then tells HiSparse (as the connector does)."""
+        """The engine writes a new KV row into the host pool, then tells HiSparse (worker.py:889-894)."""
         for host in self.host_kv:
             fresh = torch.randint(0, 256, (ROW_BYTES,), dtype=torch.uint8, generator=gen).view(DTYPE)
             host.view(-1, ROW_WIDTH)[host_row].copy_(fresh)
-        self.runtimes[0].invalidate_written_slots(torch.tensor([host_row, -1], dtype=torch.int64),
-                                                  torch.tensor([batch_row, 1], dtype=I32))
+        self.invalidator([self.runtimes[0]], torch.tensor([host_row, -1], dtype=torch.int64),
+                         torch.tensor([batch_row, 1], dtype=I32))
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    status = loaded_plugin()
+    assert status.active and status.backend_cls.endswith(".CpuHiSparseBackend"), status
+    install(monkeypatch, hr)
+    assert isinstance(get_hisparse_backend(), CpuHiSparseBackend)
+    built = World(seed=7)
+    yield built
+    built.close()
 
 
 def _step(world: World, query_len: int, topk: list[list[int]]) -> list[Any]:
-    """One forward: vLLM's attention backend calls swap_in per layer, leader first (index_group.py:260)."""
+    """One forward: vLLM's attention backend calls swap_in per layer, leader first (index_group.py:255-262)."""
     num_reqs = len(STATE_OF_BATCH_ROW)
     num_valid = num_reqs * query_len
     padded = len(topk)
+    # FULL-graph padding rows carry request 0 (design note §3.3): num_valid_rows must mask them.
     req_id_per_token = torch.tensor([r // query_len if r < num_valid else 0 for r in range(padded)], dtype=I32)
     metadata = types.SimpleNamespace(num_actual_tokens=num_valid, num_decode_tokens=num_valid,
                                      max_query_len=query_len, num_reqs=num_reqs, req_id_per_token=req_id_per_token)
@@ -150,6 +141,20 @@ def _step(world: World, query_len: int, topk: list[list[int]]) -> list[Any]:
                                       num_valid_rows=torch.tensor([num_valid], dtype=I32),
                                       return_valid_counts=layer == 0))
     return results
+
+
+def _expected_stats(world: World, query_len: int, topk: list[list[int]], held: dict[int, set[int]]) -> list[int]:
+    """Hits and misses one step adds (design note §3.3 step 6): each request's distinct host rows not held in
+    its state row are misses; every other host reference is a hit; resident positions count as neither."""
+    hits = misses = 0
+    for q in range(len(STATE_OF_BATCH_ROW)):
+        refs = [world.host_row(q, t) for row in topk[q * query_len:(q + 1) * query_len] for t in row
+                if not world.resident(q, t)]
+        refs = [g for g in refs if g is not None]
+        loaded = set(refs) - held[STATE_OF_BATCH_ROW[q]]
+        misses += len(loaded)
+        hits += len(refs) - len(loaded)
+    return [hits, misses]
 
 
 def _check_step(world: World, query_len: int, topk: list[list[int]], results: list[Any]) -> None:
@@ -188,58 +193,42 @@ STEPS = [
 ]
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, implementation: Any) -> tuple[World, list[list[int]]]:
-    monkeypatch.setattr(library, "implementation_for", lambda device: implementation)
-    monkeypatch.setattr(vllm_torch_utils._current_stream_tls, "value", _InOrderStream(), raising=False)
-    world = World(monkeypatch, seed=7)
+def test_vllm_decode_steps_put_every_selected_host_row_where_attention_reads_it(world: World) -> None:
     gen = torch.Generator().manual_seed(11)
-    stats = []
+    group = world.runtimes[0].index_group
+    total = [0, 0]
     for query_len, topk, rewrite in STEPS:
         if rewrite is not None:
             host_row, batch_row = rewrite
-            held = world.runtimes[0].index_group.device_global_indices[STATE_OF_BATCH_ROW[batch_row]]
-            assert (held == host_row).any(), "the rewritten row must be held, or invalidation proves nothing"
+            held_row = group.device_global_indices[STATE_OF_BATCH_ROW[batch_row]]
+            assert (held_row == host_row).any(), "the rewritten row must be held, or invalidation proves nothing"
             world.rewrite_host_row(host_row, batch_row, gen)
-            assert not (held == host_row).any(), "invalidate_written_slots must drop the stale hot copy"
+            assert not (held_row == host_row).any(), "the slot invalidator must drop the stale hot copy"
+        held = {state: {int(g) for g in group.device_global_indices[state].tolist() if g >= 0}
+                for state in STATE_OF_BATCH_ROW}
+        expected = _expected_stats(world, query_len, topk, held)
         results = _step(world, query_len, topk)
         _check_step(world, query_len, topk, results)
-        stats.append(world.runtimes[0].index_group.swap_stats.view(torch.int64).tolist())
-    return world, stats
+        total = [total[0] + expected[0], total[1] + expected[1]]
+        assert group.swap_stats.dtype == world.backend.stats_dtype == torch.uint64
+        assert group.swap_stats.view(torch.int64).tolist() == total, (query_len, topk)
+    assert total[0] > 0 and total[1] > 0
 
 
-def test_vllm_decode_steps_put_every_selected_host_row_where_attention_reads_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    assert loaded_plugin().active, "the plugin must have defined the ops vLLM calls"
-    world, stats = _run(monkeypatch, torch_impl)
-    hits, misses = stats[-1]
-    assert hits > 0 and misses > 0
-
-
-def test_vllm_swap_stats_equal_the_oracles_hits_and_misses_step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert loaded_plugin().active, "the plugin must have defined the ops vLLM calls"
-    ours, ours_stats = _run(monkeypatch, torch_impl)
-    reference, reference_stats = _run(monkeypatch, oracle)
-    assert ours_stats == reference_stats
-    assert torch.equal(ours.slab, reference.slab)
-    group, expected = ours.runtimes[0].index_group, reference.runtimes[0].index_group
-    assert torch.equal(group.device_global_indices, expected.device_global_indices)
-    assert torch.equal(group.lru_slots, expected.lru_slots)
-
-
-def test_vllm_gather_prefill_cache_stages_host_and_resident_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_gather_prefill_cache_stages_host_and_resident_rows(world: World) -> None:
     """``HiSparseRuntime.gather_prefill_cache`` with vLLM's own staging plan and its resident-source pass."""
-    assert loaded_plugin().active, "the plugin must have defined the ops vLLM calls"
-    world = World(monkeypatch, seed=5)
     block_table = world.source_block_table[:3]
     seq_lens = torch.tensor([24, 17, 9])
     plan = hr.build_hisparse_prefill_staging_plan(block_table, seq_lens, BLOCK, staging_block_capacity=16)
     state_indices = world.runtimes[0].request_state_indices
     assert state_indices is not None
-    plan.ensure_gpu_sources(world.resident_table, state_indices, BLOCK)
+    plan.ensure_gpu_sources(world.resident_table, state_indices[:3], BLOCK)
     assert plan.gpu_row_ids is not None and (plan.gpu_row_ids >= 0).any(), "the resident page must be sourced"
+    # Poison the resident page's host copy: a staged row equal to the resident bytes proves the device source.
     for layer, (runtime, handle) in enumerate(zip(world.runtimes, world.handles, strict=True)):
         assert handle.view is not None
+        resident_bytes = handle.view.cache[RESIDENT_BLOCK].clone()
+        world.host_kv[layer][21].view(torch.uint8).fill_(0xEE)
         staged = runtime.gather_prefill_cache(world.host_kv[layer], plan, resident_cache=handle.view.cache)
         for q, seq_len in enumerate(seq_lens.tolist()):
             for token in range(seq_len):
@@ -248,23 +237,5 @@ def test_vllm_gather_prefill_cache_stages_host_and_resident_rows(monkeypatch: py
                 if host_block == 0:
                     continue  # the null block holds nothing to stage
                 row = staged[int(plan.block_table[q, page]), offset]
-                host = world.host_kv[layer][host_block, offset]
-                assert torch.equal(row.view(torch.uint8), host.view(torch.uint8)), (layer, q, token)
-
-
-def test_vllm_call_sites_trace_under_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM 0.33.0 runs these call sites eagerly (inside the ``vllm::unified_mla_attention_with_output`` splitting
-    op and the connector worker); tracing them anyway checks our fake kernels and declared mutations."""
-    assert loaded_plugin().active, "the plugin must have defined the ops vLLM calls"
-    monkeypatch.setattr(vllm_torch_utils._current_stream_tls, "value", _InOrderStream(), raising=False)
-    eager, compiled = World(monkeypatch, seed=3), World(monkeypatch, seed=3)
-    for world in (eager, compiled):
-        world.runtimes[0].index_group.device_global_indices[3, :3] = torch.tensor([33, 85, 12], dtype=I32)
-    slots, req_ids = torch.tensor([33, 12, 7], dtype=torch.int64), torch.tensor([0, 0, 1], dtype=I32)
-    eager.runtimes[0].invalidate_written_slots(slots, req_ids)
-    torch._dynamo.reset()
-    invalidate = torch.compile(compiled.runtimes[0].invalidate_written_slots, backend="aot_eager", fullgraph=True)
-    invalidate(slots, req_ids)
-    after = compiled.runtimes[0].index_group.device_global_indices
-    assert torch.equal(after, eager.runtimes[0].index_group.device_global_indices)
-    assert after[3, :3].tolist() == [-1, 85, -1]
+                source = resident_bytes[offset] if (q, page) == (0, 5) else world.host_kv[layer][host_block, offset]
+                assert torch.equal(row.view(torch.uint8), source.view(torch.uint8)), (layer, q, token)
