@@ -15,6 +15,7 @@ import torch
 from vllm.v1.hisparse.backend import HiSparseBackend as VllmHiSparseBackend
 
 from hisparse_hal.backend import HiSparseBackend
+from hisparse_hal.errors import UnsupportedCapabilityError
 from hisparse_hal.registry import get_backend
 
 __all__ = [
@@ -80,13 +81,25 @@ class HalHiSparseBackend(VllmHiSparseBackend):
         return self.hal.create_cache_ops(runtime)
 
     def validate_kv_cache_config(self, kv_cache_config: Any) -> None:
-        """See :meth:`hisparse_hal.backend.HiSparseBackend.validate_kv_cache_config`."""
+        """See :meth:`hisparse_hal.backend.HiSparseBackend.validate_kv_cache_config`; also refuses a shared
+        host pool where :attr:`supports_shared_host_pool` is False under vLLM.
+
+        Raises:
+            InvalidArgumentError, UnsupportedCapabilityError: naming the bad value.
+        """
+        if getattr(kv_cache_config, "hisparse_shared_host_pool", False) and not self.supports_shared_host_pool:
+            raise UnsupportedCapabilityError(
+                f"KV cache config asks for a shared HiSparse host pool, but hisparse-hal's {self.hal.name!r} "
+                "backend does not provide one under vLLM (supports_shared_host_pool is False, which vLLM's planner "
+                "reads at vllm/v1/hisparse/runtime.py:295); the config and the backend disagree"
+            )
         self.hal.validate_kv_cache_config(kv_cache_config)
 
     def prepare_kv_cache_views(
         self, kv_cache_config: Any, kv_caches: dict[str, Any], forward_context: dict[str, Any]
     ) -> None:
-        """See :meth:`hisparse_hal.backend.HiSparseBackend.prepare_kv_cache_views`."""
+        """See :meth:`hisparse_hal.backend.HiSparseBackend.prepare_kv_cache_views` (validated as above first)."""
+        self.validate_kv_cache_config(kv_cache_config)
         self.hal.prepare_kv_cache_views(kv_cache_config, kv_caches, forward_context)
 
     def gather_resident_rows(self, source: torch.Tensor, destination: torch.Tensor, row_ids: torch.Tensor) -> None:
