@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import torch

@@ -12,7 +12,14 @@ from host_sync_guard import HostSyncError, no_host_sync
 from poisoned_outputs import ResolveOutputs
 
 from hisparse_hal.cache_ops import device_checks, host_impl, oracle, torch_impl
-from hisparse_hal.cache_ops.sequences import SHAPES, SequenceRun, SequenceShape, StepRecord, build_sequence, run_sequence
+from hisparse_hal.cache_ops.sequences import (
+    SHAPES,
+    SequenceRun,
+    SequenceShape,
+    StepRecord,
+    build_sequence,
+    run_sequence,
+)
 
 _mask = torch.tensor([True, False, True])
 _values = torch.tensor([3, 1, 2])
