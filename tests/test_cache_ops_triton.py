@@ -92,8 +92,8 @@ def _helpers_without_repatching() -> Iterator[None]:
         yield None
 
 
-@pytest.fixture
-def ops() -> Any:  # type: ignore[no-redef]  # overrides the imported fixture: the examples run through Triton
+@pytest.fixture  # type: ignore[no-redef]  # overrides the imported fixture: the examples run through Triton
+def ops() -> Any:
     """The worked examples imported from test_cache_ops_oracle run through the Triton kernels."""
     return triton_impl
 
