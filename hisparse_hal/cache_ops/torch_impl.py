@@ -174,8 +174,13 @@ def _physical_rows(inputs: ResolveInputs, request: torch.Tensor, slot: torch.Ten
     return torch.where(inside, block, -1) * block_size + torch.remainder(slot, block_size)
 
 
-def resolve(inputs: ResolveInputs) -> None:
+def resolve(inputs: ResolveInputs, compact_leaders: bool = False) -> None:
     """``hisparse_resolve_residency`` on checked inputs, vectorised with fixed shapes (see the module doc).
+
+    Args:
+        inputs: the checked arguments.
+        compact_leaders: classify slots only for the runs that need it (a ``nonzero``: reads values, so for
+            host memory only; ``host_impl`` sets it).
 
     Raises:
         UnionOverflowError: on the CPU device, before anything is written.
@@ -207,13 +212,25 @@ def resolve(inputs: ResolveInputs) -> None:
     has_union = union[leader] > 0
     state_row = rows.state.clamp(min=0)
 
-    # Phase 3: classify each leader's slots in LRU order. A slot is a hit iff it holds a row of the union.
-    working = (rows.is_leader & active & has_union)[:, None]
-    lru = inputs.lru_slots[state_row].to(_I64)  # [N, H]; only working leaders' rows are used
+    # Phase 3: classify each working leader's slots in LRU order. A slot is a hit iff it holds a union row.
+    # Slot arrays have one row per entry of `classified`: every batch row here (fixed shapes), only the working
+    # leaders on host memory (`compact_leaders`), which divides the [rows, H] work by Q for MTP batches.
+    working_rows = rows.is_leader & active & has_union
+    if compact_leaders:
+        classified = torch.nonzero(working_rows).reshape(-1)
+        if classified.numel() == 0:
+            classified = torch.zeros(1, dtype=_I64, device=device)  # one idle row keeps the shapes non-empty
+    else:
+        classified = torch.arange(num_rows, dtype=_I64, device=device)
+    slot_row = torch.zeros(num_rows, dtype=_I64, device=device)
+    slot_row[classified] = torch.arange(classified.numel(), dtype=_I64, device=device)
+    working = working_rows[classified][:, None]
+    classified_state = state_row[classified]
+    lru = inputs.lru_slots[classified_state].to(_I64)  # [L, H]; only working leaders' rows are used
     slot_ok = (lru >= 0) & (lru < hot_size)
-    held = inputs.device_global_indices[state_row].to(_I64).gather(1, lru.clamp(0, hot_size - 1))
+    held = inputs.device_global_indices[classified_state].to(_I64).gather(1, lru.clamp(0, hot_size - 1))
     asked = working & slot_ok & (held >= 0)
-    query = torch.where(asked, (leader[:, None] << _KEY_SHIFT) | held, -1)
+    query = torch.where(asked, (leader[classified][:, None] << _KEY_SHIFT) | held, -1)
     found_at = torch.searchsorted(sorted_keys, query).clamp(max=flat_count - 1)
     hit = (query >= 0) & (sorted_keys[found_at] == query)
     hit_count = hit.sum(1)
@@ -224,15 +241,16 @@ def resolve(inputs: ResolveInputs) -> None:
     # Decision D3: a union row held twice resolves to its last slot in LRU order.
     hit_position = torch.full((flat_count + 1,), -1, dtype=_I64, device=device)
     hit_position.scatter_reduce_(
-        0, torch.where(hit, found_at, flat_count).reshape(-1), positions.expand(num_rows, hot_size).reshape(-1),
-        reduce="amax",
+        0, torch.where(hit, found_at, flat_count).reshape(-1),
+        positions.expand(classified.numel(), hot_size).reshape(-1), reduce="amax",
     )
-    victims = torch.full((num_rows, hot_size + 1), -1, dtype=_I64, device=device)
+    victims = torch.full((classified.numel(), hot_size + 1), -1, dtype=_I64, device=device)
     victims.scatter_(1, torch.where(evictable, evict_rank, hot_size), lru)
 
     # Phase 4: misses take the oldest evictable slots in first-reference order (tripwire: out-of-range victim).
     group_hit_position = hit_position[head]
     run_of = leader[row_of]
+    slot_of = slot_row[run_of]
     is_hit = group_hit_position >= 0
     missed = first & ~is_hit
     missed_before = torch.cumsum(missed, 0) - missed.to(_I64)
@@ -240,9 +258,9 @@ def resolve(inputs: ResolveInputs) -> None:
     miss_total = torch.zeros(num_rows, dtype=_I64, device=device).index_add_(
         0, leader, missed.view(num_rows, top_k).sum(1)
     )
-    in_victims = miss_rank < evictable_count[run_of]
-    miss_slot = torch.where(in_victims, victims[run_of, miss_rank.clamp(0, hot_size - 1)], -1)
-    hit_slot = lru[run_of, group_hit_position.clamp(min=0)]
+    in_victims = miss_rank < evictable_count[slot_of]
+    miss_slot = torch.where(in_victims, victims[slot_of, miss_rank.clamp(0, hot_size - 1)], -1)
+    hit_slot = lru[slot_of, group_hit_position.clamp(min=0)]
     slot = torch.where(is_hit, hit_slot, miss_slot[head_position])
     tripped = ~is_hit & ((slot < 0) | (slot >= hot_size))
     request_of = rows.request[row_of]
@@ -278,14 +296,14 @@ def resolve(inputs: ResolveInputs) -> None:
     # State: DGI takes the loaded rows; phase 7: LRU = unused evictables, filled slots, hits (each in old order).
     into_state = torch.where(loaded, rows.state[row_of] * hot_size + slot, num_states * hot_size)
     _scatter_with_spill(inputs.device_global_indices, into_state, host.reshape(-1))
-    fills = torch.minimum(miss_total, evictable_count)[:, None]
+    fills = torch.minimum(miss_total[classified], evictable_count)[:, None]
     target = torch.where(
         hit,
         hot_size - hit_count[:, None] + hit_rank,
         torch.where(evict_rank >= fills, evict_rank - fills, hot_size - hit_count[:, None] - fills + evict_rank),
     )
     new_lru = torch.empty_like(lru).scatter_(1, target, lru)
-    into_rows = torch.where(working[:, 0], rows.state, num_states)
+    into_rows = torch.where(working[:, 0], rows.state[classified], num_states)
     spill_rows = torch.cat([inputs.lru_slots, inputs.lru_slots.new_zeros(1, hot_size)])
     spill_rows.index_copy_(0, into_rows, new_lru.to(inputs.lru_slots.dtype))
     inputs.lru_slots.copy_(spill_rows[:-1])
