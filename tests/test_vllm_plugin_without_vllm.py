@@ -33,10 +33,10 @@ def test_disabled_by_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (status.state, status.reason) == ("disabled", "HISPARSE_HAL_VLLM_OPS=off")
 
 
-def test_vllm_schema_is_ours_without_keyword_only_extras() -> None:
+def test_vllm_schema_is_vllm_0_34_0s() -> None:
     schema = plugin.vllm_schema("resolve_residency")
     assert schema.startswith("hisparse_resolve_residency(Tensor host_cache, Tensor! hot_cache,")
-    assert schema.endswith("int resident_null_block=0) -> ()") and "error_flags" not in schema
+    assert schema.endswith("Tensor? num_valid_rows=None) -> ()") and "error_flags" not in schema
     assert plugin.vllm_schema("gather_compact") == "hisparse_gather_compact" + \
         "(Tensor host_cache, Tensor! hot_cache, Tensor miss_global_indices, Tensor miss_hot_indices, " \
         "Tensor miss_counts) -> ()"
