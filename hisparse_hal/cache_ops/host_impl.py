@@ -14,7 +14,8 @@ from .arguments import GatherInputs, ResolveInputs
 from .signatures import vllm_ops
 from .torch_impl import word_rows
 
-__all__ = ["gather", "resolve", "gather_compact", "gather_plan", "invalidate_written_slots", "resolve_residency", "word_rows"]
+__all__ = ["gather", "gather_compact", "gather_plan", "invalidate_written_slots", "resolve", "resolve_residency",
+           "word_rows"]
 
 _I64 = torch.int64
 #: Rows per index_select / index_copy_ round: 8,192 rows of 656 B (5.4 MiB). At 64 requests 512 rows
