@@ -336,57 +336,71 @@ def word_rows(cache: torch.Tensor) -> torch.Tensor:
 COPY_ROUND_BYTES = 4 << 20
 
 
-def _copy_rows(
-    host_cache: torch.Tensor, hot_cache: torch.Tensor, source: torch.Tensor, destination: torch.Tensor,
-    write: torch.Tensor,
-) -> None:
-    """For every entry with ``write``: hot row ``destination`` := host row ``source`` (zeros if past the end).
+def _plan_entries(inputs: GatherInputs, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(source, destination, write)`` (int64, int64, bool) of flat plan entries ``[start, stop)``."""
+    source = inputs.global_indices.reshape(-1)[start:stop].to(_I64)
+    destination = inputs.hot_indices.reshape(-1)[start:stop].to(_I64)
+    if inputs.compact:
+        flat = torch.arange(start, stop, dtype=_I64, device=inputs.device)
+        row = torch.div(flat, inputs.columns, rounding_mode="floor")
+        count = inputs.selector.reshape(-1)[:inputs.num_rows].to(_I64).clamp(0, inputs.columns)
+        chosen = flat - row * inputs.columns < count[row]
+    else:
+        chosen = inputs.selector.reshape(-1)[start:stop] != 0
+    write = chosen & (source >= 0) & (destination >= 0) & (destination < inputs.hot_rows)
+    return source, destination, write
 
-    Fixed shape: every entry writes its destination row. An entry that must not write re-stores the row its
-    destination group ends with: the last writing entry's source row, or the row's current bytes. So all
-    entries of one destination store identical bytes and the scatter's order cannot matter; a destination
-    written twice ends with the later entry, as the oracle's sequential loop does. Rows move in rounds of
-    ``COPY_ROUND_BYTES`` (a number of rounds fixed by the shapes), so extra memory does not grow with R x K
-    beyond the int64 index arrays.
+
+def _copy_rows(inputs: GatherInputs) -> None:
+    """For every entry that writes: hot row ``destination`` := host row ``source`` (zeros past the host cache).
+
+    Fixed shape: every entry stores its destination row (an entry that does not write targets row 0). What it
+    stores is what that row ends with: the host row of the row's *last* writing entry (``last``, an int32
+    ``scatter_reduce(amax)`` of entry numbers over hot rows), or the row's current bytes. So all stores to one row
+    are identical and the scatter's order cannot matter; a row named twice ends with the later entry, as the
+    oracle's loop does. Entries are planned and moved in rounds of ``COPY_ROUND_BYTES`` of rows (a number of
+    rounds fixed by the shapes), so one call holds ``last`` (4 bytes per hot row) and one round's temporaries,
+    whatever R x K is.
     """
-    source, destination, write = source.reshape(-1), destination.reshape(-1), write.reshape(-1)
-    host_rows = host_cache.shape[0]
-    hot = word_rows(hot_cache)
+    host_rows, hot_rows = inputs.host_rows, inputs.hot_rows
+    hot = word_rows(inputs.hot_cache)
     blocks, block_size, words = hot.shape
-    hot_rows = blocks * block_size
-    if hot_rows == 0:
+    total = inputs.num_rows * inputs.columns
+    if hot_rows == 0 or total == 0:
         return
-    target = torch.where(write, destination, 0)
-    _, group, _ = _first_references(target)
-    entries = torch.arange(target.numel(), dtype=_I64, device=target.device)
-    last_writer = torch.full_like(entries, -1).scatter_reduce_(
-        0, group, torch.where(write, entries, -1), reduce="amax"
-    )[group]
-    written = last_writer >= 0
-    writer_source = source[last_writer.clamp(min=0)]
-    from_host = written & (writer_source < host_rows)
-    writer_source = writer_source.clamp(0, max(host_rows - 1, 0))
-    host = word_rows(host_cache)
-    flat = hot.view(hot_rows, words) if hot.stride(0) == block_size * words else None
+    device = inputs.device
     round_rows = max(1, COPY_ROUND_BYTES // (words * hot.element_size()))
-    for start in range(0, target.numel(), round_rows):
-        piece = slice(start, start + round_rows)
-        rows = target[piece]
+    last = torch.full((hot_rows + 1,), -1, dtype=torch.int32, device=device)  # + a spill row for non-writers
+    for start in range(0, total, round_rows):
+        stop = min(start + round_rows, total)
+        _, destination, write = _plan_entries(inputs, start, stop)
+        entries = torch.arange(start, stop, dtype=torch.int32, device=device)
+        last.scatter_reduce_(0, torch.where(write, destination, hot_rows), entries, reduce="amax")
+    sources = inputs.global_indices.reshape(-1)
+    host = word_rows(inputs.host_cache)
+    flat = hot.view(hot_rows, words) if hot.stride(0) == block_size * words else None
+    for start in range(0, total, round_rows):
+        stop = min(start + round_rows, total)
+        _, destination, write = _plan_entries(inputs, start, stop)
+        rows = torch.where(write, destination, 0)
+        writer = last[rows].to(_I64)
+        written = writer >= 0
+        writer_source = sources[writer.clamp(min=0)].to(_I64)
+        from_host = written & (writer_source < host_rows)
         if flat is not None:
             current = flat.index_select(0, rows)
         else:  # blocks strided apart (a slab view): address each row by (block, offset)
             current = hot[torch.div(rows, block_size, rounding_mode="floor"), torch.remainder(rows, block_size)]
         if host_rows > 0:
-            loaded = host.index_select(0, writer_source[piece])
-            merged = torch.where(from_host[piece, None], loaded, torch.where(written[piece, None], 0, current))
+            loaded = host.index_select(0, writer_source.clamp(0, host_rows - 1))
+            merged = torch.where(from_host[:, None], loaded, torch.where(written[:, None], 0, current))
         else:
-            merged = torch.where(written[piece, None], 0, current)
+            merged = torch.where(written[:, None], 0, current)
         if flat is not None:
             flat.index_copy_(0, rows, merged)
         else:
             hot.index_put_((torch.div(rows, block_size, rounding_mode="floor"), torch.remainder(rows, block_size)),
                            merged)
-
 
 
 def plan_gather(inputs: GatherInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -410,7 +424,7 @@ def gather(inputs: GatherInputs) -> None:
     with fixed shapes (see :func:`_copy_rows`)."""
     if inputs.empty:
         return
-    _copy_rows(inputs.host_cache, inputs.hot_cache, *plan_gather(inputs))
+    _copy_rows(inputs)
 
 
 def named_tables(inputs: InvalidateInputs) -> torch.Tensor:
