@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -203,34 +202,43 @@ class _MisplannedResolveOps(CacheOps):
 
     distort: Callable[[tuple[Any, ...]], None]
 
-    def _ops(self) -> Any:
-        real = super()._ops()
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        real = self._entries
 
-        def resolve_residency(*args: Any, **kwargs: Any) -> None:
+        def resolve_residency(*args: Any) -> None:
             dgi_before = args[5].clone()
-            real.resolve_residency(*args, **kwargs)
+            real.resolve_residency(*args)
             type(self).distort((*args, dgi_before))
 
-        members = {name: getattr(real, name) for name in dir(real) if not name.startswith("__")}
-        return SimpleNamespace(**{**members, "resolve_residency": resolve_residency})
+        object.__setattr__(self, "_entries", dataclasses.replace(real, resolve_residency=resolve_residency))
+
+
+# vLLM 0.34.0 positions of resolve's arguments the distortions touch.
+_HOT, _STATS, _REQUEST_IDS, _SWAP_DEVICE, _SWAP_COUNTS = 4, 10, 13, 18, 19
 
 
 def _duplicates_as_misses(args: tuple[Any, ...]) -> None:
-    global_indices, hot_indices, miss_mask, stats, request_ids = args[3], args[4], args[10], args[11], args[14]
-    if stats is None or miss_mask is None:
+    """Every later reference, in its run, to a hot row loaded this step is counted as a miss, not a hit."""
+    hot_indices, stats, request_ids = args[_HOT], args[_STATS], args[_REQUEST_IDS]
+    swap_device, swap_counts = args[_SWAP_DEVICE], args[_SWAP_COUNTS]
+    if stats is None or swap_counts is None:
         return
+    top_k = hot_indices.shape[1]
     moved = 0
-    for run in _runs(request_ids, global_indices.shape[0]):
-        tokens = global_indices[run.start:run.stop].reshape(-1).tolist()
-        hot = hot_indices[run.start:run.stop].reshape(-1).tolist()
-        missed = miss_mask[run.start:run.stop].reshape(-1).tolist()
-        loaded = {t for t, h, m in zip(tokens, hot, missed, strict=True) if m == 1 and h >= 0}
-        moved += sum(1 for t, h, m in zip(tokens, hot, missed, strict=True) if m == 0 and h >= 0 and t in loaded)
+    for run in _runs(request_ids, hot_indices.shape[0]):
+        loads = sum(max(int(c), 0) for c in swap_counts[run.start:run.stop].tolist())
+        loaded = set(swap_device.reshape(-1)[run.start * top_k:run.start * top_k + loads].tolist())
+        seen: set[int] = set()
+        for h in hot_indices[run.start:run.stop].reshape(-1).tolist():
+            if h >= 0 and h in loaded:
+                moved += h in seen
+                seen.add(h)
     stats.view(torch.int64).add_(torch.tensor([-moved, moved], device=stats.device))
 
 
 def _no_spill_into_later_rows(args: tuple[Any, ...]) -> None:
-    global_indices, swap_counts, request_ids = args[3], args[21], args[14]
+    global_indices, swap_counts, request_ids = args[3], args[_SWAP_COUNTS], args[_REQUEST_IDS]
     if swap_counts is None:
         return
     for run in _runs(request_ids, global_indices.shape[0]):

@@ -35,7 +35,7 @@ def test_bench_case_measures_peak_memory_and_kernel_launches_of_the_torch_based_
     assert fixed.compact_peak_bytes is not None and host.compact_peak_bytes is not None
     assert 0 < host.compact_peak_bytes < fixed.compact_peak_bytes
     assert fixed.resolve_peak_bytes is not None and fixed.resolve_peak_bytes > 6 * 64 * 8
-    assert host.resolve_peak_bytes == fixed.resolve_peak_bytes
+    assert host.resolve_peak_bytes is not None and host.resolve_peak_bytes <= fixed.resolve_peak_bytes  # runs, not rows
 
 
 def test_bench_case_rejects_a_context_shorter_than_the_top_k() -> None:

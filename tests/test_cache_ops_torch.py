@@ -12,7 +12,14 @@ from host_sync_guard import HostSyncError, no_host_sync
 from poisoned_outputs import ResolveOutputs
 
 from hisparse_hal.cache_ops import device_checks, host_impl, oracle, torch_impl
-from hisparse_hal.cache_ops.sequences import SHAPES, SequenceRun, SequenceShape, StepRecord, build_sequence, run_sequence
+from hisparse_hal.cache_ops.sequences import (
+    SHAPES,
+    SequenceRun,
+    SequenceShape,
+    StepRecord,
+    build_sequence,
+    run_sequence,
+)
 
 _mask = torch.tensor([True, False, True])
 _values = torch.tensor([3, 1, 2])
@@ -165,3 +172,21 @@ def test_torch_ops_on_a_gpu_do_not_synchronize_under_sync_debug_mode_error() -> 
             assert io.hot_indices.tolist() == expected[index].outputs["hot_indices"], f"step {index}"
         run.plan(torch_impl, step)
         run.mirror_and_invalidate(torch_impl, step, index)
+
+
+@pytest.mark.parametrize("impl", [torch_impl], ids=["torch"])
+def test_on_a_gpu_path_an_unknown_table_address_asserts_and_only_known_tables_are_cleared(
+        impl: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hisparse_hal.cache_ops import tables
+
+    asserted: list[str] = []
+    monkeypatch.setattr(device_checks, "values_readable", lambda device: False)
+    monkeypatch.setattr(torch, "_assert_async", lambda condition, message="": asserted.append(message))
+    known = torch.tensor([[5, 6], [5, 5]], dtype=I32)
+    tables.register_table(known)
+    stranger = torch.tensor([[5, 5], [5, 5]], dtype=I32)
+    pointers = torch.tensor([stranger.data_ptr(), known.data_ptr()], dtype=torch.int64)
+    impl.invalidate_written_slots(pointers, torch.tensor([1], dtype=I32), torch.tensor([0], dtype=I32),
+                                  torch.tensor([5], dtype=torch.int64), 2, 2)
+    assert asserted and "unknown table address" in asserted[0]
+    assert known.tolist() == [[5, 6], [-1, -1]] and stranger.tolist() == [[5, 5], [5, 5]]

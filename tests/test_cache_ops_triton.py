@@ -2,8 +2,9 @@
 
 The worked examples, decisions and typed errors of tests/test_cache_ops_oracle.py (imported, with ``ops`` the
 Triton implementation), the gathers' grid-stride walk, launch counting, then 2,000 generated vLLM 0.34.0
-multi-step sequences (issue 8) compared bit for bit with the oracle, in 40 chunks, plus a few with 4-lane tiles. The interpreter proves the kernels' logic; it does not compile them for a GPU, so
-nothing here says they compile or how fast they run.
+multi-step sequences (issue 8) compared bit for bit with the oracle, in 40 chunks, plus a few with 4-lane
+tiles. The interpreter proves the kernels' logic; it does not compile them for a GPU, so nothing here says
+they compile or how fast they run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ _NEED = "the Triton cache-ops tests need triton and numpy (pip install 'hisparse
 triton = pytest.importorskip("triton", reason=_NEED)
 pytest.importorskip("numpy", reason=_NEED)  # triton's interpreter needs numpy
 
+from test_cache_ops_oracle import *  # noqa: E402,F403 - the worked examples, run here through Triton
+from test_cache_ops_oracle import decode_world  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 from hisparse_hal.cache_ops import arguments, oracle, triton_impl  # noqa: E402
@@ -34,8 +37,6 @@ from hisparse_hal.cache_ops.sequences import (  # noqa: E402
     run_sequence,
 )
 from hisparse_hal.errors import UnsupportedCapabilityError  # noqa: E402
-from test_cache_ops_oracle import *  # noqa: E402,F403 - the worked examples, run here through Triton
-from test_cache_ops_oracle import decode_world  # noqa: E402
 
 POISON = -7
 I32 = torch.int32
@@ -91,7 +92,7 @@ def _helpers_without_repatching() -> Iterator[None]:
         yield None
 
 
-@pytest.fixture
+@pytest.fixture  # type: ignore[no-redef]  # overrides the imported fixture: the examples run through Triton
 def ops() -> Any:
     """The worked examples imported from test_cache_ops_oracle run through the Triton kernels."""
     return triton_impl
@@ -271,3 +272,34 @@ def test_generated_sequence_with_4_lane_tiles_matches_the_oracle(index: int, mon
     monkeypatch.setattr(triton_impl, "_pow2", lambda n, floor=16, cap=None: pow2(n, floor=4, cap=4))
     monkeypatch.setattr(triton_impl, "_GATHER_PROGRAMS", 2)  # and the gathers' tiles walked by 2 programs
     _assert_matches_oracle(index, build_sequence(SEED_BASE + 1_000_000 + index, SHAPES[index % len(SHAPES)]))
+
+
+def test_on_a_gpu_path_an_overflowing_run_is_asserted_between_launches_and_masked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hisparse_hal.cache_ops import device_checks
+
+    asserted: list[str] = []
+    monkeypatch.setattr(device_checks, "values_readable", lambda device: False)
+    monkeypatch.setattr(torch, "_assert_async", lambda condition, message="": asserted.append(message))
+    world = decode_world(union=2, hot_table=[[1, 2], [3, 4]], source=[[0, 2, 3, 5], [0, 6, 7, 8]],
+                         request_state_indices=[0, 1])
+    with triton_impl.counting_launches() as launches:
+        out = world.step(triton_impl, [[4, 5, -1, -1], [4, 5, 6, -1]], [0, 1])
+    assert asserted and "max_union_rows = 2" in asserted[0] and sum(launches.values()) == 2
+    assert out.hot.tolist()[1] == [-1] * 4 and out.swap_counts.tolist() == [2, 0]
+    dgi, lru, stats = world.state()
+    assert dgi[1] == [-1] * 8 and lru[1] == list(range(8)) and dgi[0][:2] == [8, 9] and stats == [0, 2]
+
+
+def test_on_a_gpu_path_the_kernel_never_casts_an_unknown_table_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hisparse_hal.cache_ops import device_checks, tables
+
+    asserted: list[str] = []
+    monkeypatch.setattr(device_checks, "values_readable", lambda device: False)
+    monkeypatch.setattr(torch, "_assert_async", lambda condition, message="": asserted.append(message))
+    known = t32([[5, 6], [5, 5]])
+    tables.register_table(known)
+    stranger = t32([[5, 5], [5, 5]])
+    pointers = torch.tensor([stranger.data_ptr(), known.data_ptr()], dtype=torch.int64)
+    triton_impl.invalidate_written_slots(pointers, t32([1]), t32([0]), torch.tensor([5], dtype=torch.int64), 2, 2)
+    assert asserted and known.tolist() == [[5, 6], [-1, -1]] and stranger.tolist() == [[5, 5], [5, 5]]

@@ -1,4 +1,4 @@
-"""``hisparse-hal bench --cache-ops``: one decode step of the cache ops at DeepSeek-V3.2 HiSparse shapes.
+"""``hisparse-hal bench --cache-ops``: one decode step of vLLM 0.34.0's cache ops at DeepSeek-V3.2 HiSparse shapes.
 
 Per case (656-byte fp8_ds_mla rows, top-k 2048, Q token rows per request with (Q + 1) x K hot slots, 64 to 512
 requests) it times resolve_residency + gather_compact in each implementation on the same warmed state, checks
@@ -110,7 +110,10 @@ class _Step:
         self.host = backend.device_view_of_host(host)  # what CacheOps hands the implementations
         self.source = (1 + torch.arange(r * pages, dtype=torch.int32).view(r, pages)).to(device)
         hot_blocks = r * (h // BLOCK)
-        self.hot = torch.zeros(hot_blocks, BLOCK, ROW_BYTES, dtype=torch.uint8, device=device)
+        # vLLM 0.34.0's hot view: as_strided over a slab that interleaves two layers' blocks (runtime.py:81-107),
+        # so the block stride is twice a block and dimension 0 is not contiguous.
+        self.slab = torch.zeros(hot_blocks, 2, BLOCK, ROW_BYTES, dtype=torch.uint8, device=device)
+        self.hot = self.slab[:, 0]
         self.hot_table = torch.arange(hot_blocks, dtype=torch.int32).view(r, h // BLOCK).to(device)
         self.dgi = torch.full((r, h), -1, dtype=torch.int32, device=device)
         self.lru = torch.arange(h, dtype=torch.int16).repeat(r, 1).to(device)
@@ -132,20 +135,22 @@ class _Step:
         n = r * q
         self.outputs = {
             name: torch.full((n, k), -1, dtype=torch.int32, device=device)
-            for name in ("hot", "attention", "resolved", "swap_host", "swap_device", "miss")
+            for name in ("hot", "attention", "swap_host", "swap_device")
         }
+        self.num_valid_rows = torch.tensor([n], dtype=torch.int32, device=device)
         self.valid = torch.zeros(n, dtype=torch.int32, device=device)
         self.swap_counts = torch.zeros(n, dtype=torch.int32, device=device)
         self.case = case
         self.saved: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def resolve(self, ops: object, topk: torch.Tensor) -> None:
+        """vLLM 0.34.0's call (``runtime.py:904-930``): 23 positional arguments, max_union_rows = Q x top-k."""
         out = self.outputs
         ops.resolve_residency(  # type: ignore[attr-defined]
             self.host, self.hot, self.hot_table, topk, out["hot"], self.dgi, self.lru, self.states,
-            self.case.hot_slots, self.case.hot_slots, out["miss"], self.stats, out["attention"], BLOCK,
-            self.request_ids, self.source, BLOCK, out["resolved"], self.valid, out["swap_host"],
-            out["swap_device"], self.swap_counts, None, BLOCK, 0,
+            self.case.hot_slots, self.case.queries * self.case.top_k, self.stats, out["attention"], 2 * BLOCK,
+            self.request_ids, self.source, BLOCK, self.valid, out["swap_host"], out["swap_device"],
+            self.swap_counts, None, 0, self.num_valid_rows,
         )
 
     def compact(self, ops: object) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import torch
 
 from . import torch_impl
-from .arguments import GatherInputs
+from .arguments import GatherInputs, ResolveInputs
 from .signatures import vllm_ops
 from .torch_impl import word_rows
 
-__all__ = ["gather", "gather_compact", "gather_plan", "invalidate_written_slots", "resolve_residency", "word_rows"]
+__all__ = ["gather", "gather_compact", "gather_plan", "invalidate_written_slots", "resolve", "resolve_residency",
+           "word_rows"]
 
 _I64 = torch.int64
 #: Rows per index_select / index_copy_ round: 8,192 rows of 656 B (5.4 MiB). At 64 requests 512 rows
@@ -72,7 +73,13 @@ def gather(inputs: GatherInputs) -> None:
     _copy_planned_rows(inputs.host_cache, inputs.hot_cache, source[write], destination[write])
 
 
-_OPS = vllm_ops(torch_impl.resolve, gather, torch_impl.invalidate)
+def resolve(inputs: ResolveInputs) -> None:
+    """``hisparse_resolve_residency``: ``torch_impl``'s phases, classifying slots only for the runs that need it
+    (values are free to read here), so the ``[rows, H]`` work shrinks to ``[runs, H]``."""
+    torch_impl.resolve(inputs, compact_leaders=True)
+
+
+_OPS = vllm_ops(resolve, gather, torch_impl.invalidate)
 resolve_residency = _OPS.resolve_residency
 gather_compact = _OPS.gather_compact
 gather_plan = _OPS.gather_plan

@@ -1,8 +1,9 @@
 """The Triton launches ``hisparse-hal kernels`` compiles: the ops' own launch plans at DeepSeek-V3.2 shapes.
 
-Each case lays out ``meta`` tensors (shapes, strides and storage sizes, no memory) the way vLLM 0.33.0's
-HiSparse runtime passes them and asks :mod:`hisparse_hal.cache_ops.triton_impl` for its launches, so the
-constexprs, tile sizes and argument values are the ones the ops pick, not a copy of them.
+Each case lays out ``meta`` tensors (shapes, strides and storage sizes, no memory) the way vLLM 0.34.0's
+HiSparse runtime passes them (design note §2 B9-B11, B16), checks them with :mod:`.arguments` and asks
+:mod:`hisparse_hal.cache_ops.triton_impl` for its launches, so the constexprs, tile sizes and argument values
+are the ones the ops pick, not a copy of them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 
 import torch
 
-from . import triton_impl
+from . import arguments, triton_impl
 from .shapes import BLOCK, ROW_BYTES, TOP_K
 
 __all__ = ["KernelCase", "LANE_TOP_K", "REQUESTS", "production_cases", "lane_cases", "all_cases"]
@@ -53,49 +54,56 @@ def _meta(*shape: int, dtype: torch.dtype = I32) -> torch.Tensor:
 
 
 def _resolve(requests: int, queries: int, top_k: int, slots: int) -> list[triton_impl.Launch]:
-    """``HiSparseRuntime._resolve_residency``'s call: rows = requests x queries (an MTP run per request), hot
-    buffer ``slots`` per request, valid counts, stats, attention indices, swap lists and the residency table."""
+    """``HiSparseRuntime`` resolve (``runtime.py:904-930``): rows = requests x queries (an MTP run per request),
+    hot buffer ``slots`` per request in a layer-interleaved slab (block stride 2 layers), row-strided attention
+    indices, valid counts, stats, swap lists, the residency table by state row and ``num_valid_rows``."""
     rows, pages = requests * queries, CONTEXT // BLOCK
     hot_blocks = requests * (-(-slots // BLOCK))
-    return triton_impl.plan_resolve_residency(
+    slab = torch.empty(hot_blocks * 2 * BLOCK * ROW_BYTES, dtype=torch.uint8, device="meta")
+    hot = torch.as_strided(slab, (hot_blocks, BLOCK, ROW_BYTES), (2 * BLOCK * ROW_BYTES, ROW_BYTES, 1))
+    inputs = arguments.check_resolve_residency(
         _meta((1 + requests * pages) * BLOCK, ROW_BYTES, dtype=torch.uint8),  # host cache
-        _meta(hot_blocks, BLOCK, ROW_BYTES, dtype=torch.uint8),  # hot cache
+        hot,
         _meta(requests, hot_blocks // requests),  # hot block table
         _meta(rows, top_k),  # global (top-k) indices
         _meta(rows, top_k),  # hot indices
         _meta(requests, slots),  # device global indices
         _meta(requests, slots, dtype=torch.int16),  # LRU slots
         _meta(requests),  # request state indices
-        queries * top_k,  # max union rows
-        None, _meta(2, dtype=torch.uint64), _meta(rows, top_k), BLOCK,  # miss mask, stats, attention
+        slots, queries * top_k,  # region stride, max union rows
+        _meta(2, dtype=torch.uint64), _meta(rows, top_k + 64)[:, :top_k], 2 * BLOCK,  # stats, attention
         _meta(rows), _meta(requests, pages), BLOCK,  # request ids, source block table
-        None, _meta(rows), _meta(rows, top_k), _meta(rows, top_k), _meta(rows),  # valid counts, swaps
-        _meta(requests, pages), BLOCK, 0,  # resident block table
-        None,
+        _meta(rows), _meta(rows, top_k), _meta(rows, top_k), _meta(rows),  # valid counts, swaps
+        _meta(requests, pages), BLOCK,  # resident block table (by state row)
+        _meta(1),  # num_valid_rows
     )
+    return triton_impl.plan_resolve_residency(inputs)
 
 
 def _compact(rows: int, top_k: int, host_rows: int, hot_blocks: int) -> list[triton_impl.Launch]:
-    """``HiSparseRuntime._swap_rows``: one layer's compact swap plan, ``[rows, top_k]``."""
-    return triton_impl.plan_gather_compact(
+    """``runtime.py:935-941``: one layer's compact swap plan, ``[rows, top_k]``."""
+    return triton_impl.plan_gather(arguments.check_gather_compact(
         _meta(host_rows, ROW_BYTES, dtype=torch.uint8), _meta(hot_blocks, BLOCK, ROW_BYTES, dtype=torch.uint8),
         _meta(rows, top_k), _meta(rows, top_k), _meta(rows),
-    )
+    ))
 
 
 def _plan(tokens: int) -> list[triton_impl.Launch]:
-    """``HiSparseRuntime.gather_prefill_cache``: a ``[1, tokens]`` plan into a 3-D staging buffer, no states."""
-    return triton_impl.plan_gather_plan(
+    """``runtime.py:808-814``: a ``[1, tokens]`` plan into a fresh contiguous 3-D staged buffer."""
+    return triton_impl.plan_gather(arguments.check_gather_plan(
         _meta((1 + REQUESTS * CONTEXT // BLOCK) * BLOCK, ROW_BYTES, dtype=torch.uint8),
         _meta(tokens // BLOCK, BLOCK, ROW_BYTES, dtype=torch.uint8),
-        _meta(1, tokens), _meta(1, tokens), _meta(1, tokens), None, None, 0,
-    )
+        _meta(1, tokens), _meta(1, tokens), _meta(1, tokens),
+    ))
 
 
-def _invalidate(requests: int, slots: int, tokens: int) -> list[triton_impl.Launch]:
-    return triton_impl.plan_invalidate_written_slots(
-        _meta(requests, slots), _meta(requests), _meta(tokens), _meta(tokens, dtype=torch.int64)
+def _invalidate(requests: int, slots: int, tokens: int, groups: int = 2) -> list[triton_impl.Launch]:
+    """``runtime.py:1078-1085``: one launch over every index-group leader's table (``groups`` addresses)."""
+    inputs = arguments.check_invalidate_written_slots(
+        _meta(groups, dtype=torch.int64), _meta(requests), _meta(tokens), _meta(tokens, dtype=torch.int64),
+        requests, slots,
     )
+    return triton_impl.plan_invalidate_written_slots(inputs)
 
 
 def _cases(op: str, shape: str, production: bool, launches: list[triton_impl.Launch]) -> list[KernelCase]:

@@ -174,8 +174,13 @@ def _physical_rows(inputs: ResolveInputs, request: torch.Tensor, slot: torch.Ten
     return torch.where(inside, block, -1) * block_size + torch.remainder(slot, block_size)
 
 
-def resolve(inputs: ResolveInputs) -> None:
+def resolve(inputs: ResolveInputs, compact_leaders: bool = False) -> None:
     """``hisparse_resolve_residency`` on checked inputs, vectorised with fixed shapes (see the module doc).
+
+    Args:
+        inputs: the checked arguments.
+        compact_leaders: classify slots only for the runs that need it (a ``nonzero``: reads values, so for
+            host memory only; ``host_impl`` sets it).
 
     Raises:
         UnionOverflowError: on the CPU device, before anything is written.
@@ -207,13 +212,25 @@ def resolve(inputs: ResolveInputs) -> None:
     has_union = union[leader] > 0
     state_row = rows.state.clamp(min=0)
 
-    # Phase 3: classify each leader's slots in LRU order. A slot is a hit iff it holds a row of the union.
-    working = (rows.is_leader & active & has_union)[:, None]
-    lru = inputs.lru_slots[state_row].to(_I64)  # [N, H]; only working leaders' rows are used
+    # Phase 3: classify each working leader's slots in LRU order. A slot is a hit iff it holds a union row.
+    # Slot arrays have one row per entry of `classified`: every batch row here (fixed shapes), only the working
+    # leaders on host memory (`compact_leaders`), which divides the [rows, H] work by Q for MTP batches.
+    working_rows = rows.is_leader & active & has_union
+    if compact_leaders:
+        classified = torch.nonzero(working_rows).reshape(-1)
+        if classified.numel() == 0:
+            classified = torch.zeros(1, dtype=_I64, device=device)  # one idle row keeps the shapes non-empty
+    else:
+        classified = torch.arange(num_rows, dtype=_I64, device=device)
+    slot_row = torch.zeros(num_rows, dtype=_I64, device=device)
+    slot_row[classified] = torch.arange(classified.numel(), dtype=_I64, device=device)
+    working = working_rows[classified][:, None]
+    classified_state = state_row[classified]
+    lru = inputs.lru_slots[classified_state].to(_I64)  # [L, H]; only working leaders' rows are used
     slot_ok = (lru >= 0) & (lru < hot_size)
-    held = inputs.device_global_indices[state_row].to(_I64).gather(1, lru.clamp(0, hot_size - 1))
+    held = inputs.device_global_indices[classified_state].to(_I64).gather(1, lru.clamp(0, hot_size - 1))
     asked = working & slot_ok & (held >= 0)
-    query = torch.where(asked, (leader[:, None] << _KEY_SHIFT) | held, -1)
+    query = torch.where(asked, (leader[classified][:, None] << _KEY_SHIFT) | held, -1)
     found_at = torch.searchsorted(sorted_keys, query).clamp(max=flat_count - 1)
     hit = (query >= 0) & (sorted_keys[found_at] == query)
     hit_count = hit.sum(1)
@@ -224,15 +241,16 @@ def resolve(inputs: ResolveInputs) -> None:
     # Decision D3: a union row held twice resolves to its last slot in LRU order.
     hit_position = torch.full((flat_count + 1,), -1, dtype=_I64, device=device)
     hit_position.scatter_reduce_(
-        0, torch.where(hit, found_at, flat_count).reshape(-1), positions.expand(num_rows, hot_size).reshape(-1),
-        reduce="amax",
+        0, torch.where(hit, found_at, flat_count).reshape(-1),
+        positions.expand(classified.numel(), hot_size).reshape(-1), reduce="amax",
     )
-    victims = torch.full((num_rows, hot_size + 1), -1, dtype=_I64, device=device)
+    victims = torch.full((classified.numel(), hot_size + 1), -1, dtype=_I64, device=device)
     victims.scatter_(1, torch.where(evictable, evict_rank, hot_size), lru)
 
     # Phase 4: misses take the oldest evictable slots in first-reference order (tripwire: out-of-range victim).
     group_hit_position = hit_position[head]
     run_of = leader[row_of]
+    slot_of = slot_row[run_of]
     is_hit = group_hit_position >= 0
     missed = first & ~is_hit
     missed_before = torch.cumsum(missed, 0) - missed.to(_I64)
@@ -240,9 +258,9 @@ def resolve(inputs: ResolveInputs) -> None:
     miss_total = torch.zeros(num_rows, dtype=_I64, device=device).index_add_(
         0, leader, missed.view(num_rows, top_k).sum(1)
     )
-    in_victims = miss_rank < evictable_count[run_of]
-    miss_slot = torch.where(in_victims, victims[run_of, miss_rank.clamp(0, hot_size - 1)], -1)
-    hit_slot = lru[run_of, group_hit_position.clamp(min=0)]
+    in_victims = miss_rank < evictable_count[slot_of]
+    miss_slot = torch.where(in_victims, victims[slot_of, miss_rank.clamp(0, hot_size - 1)], -1)
+    hit_slot = lru[slot_of, group_hit_position.clamp(min=0)]
     slot = torch.where(is_hit, hit_slot, miss_slot[head_position])
     tripped = ~is_hit & ((slot < 0) | (slot >= hot_size))
     request_of = rows.request[row_of]
@@ -278,14 +296,14 @@ def resolve(inputs: ResolveInputs) -> None:
     # State: DGI takes the loaded rows; phase 7: LRU = unused evictables, filled slots, hits (each in old order).
     into_state = torch.where(loaded, rows.state[row_of] * hot_size + slot, num_states * hot_size)
     _scatter_with_spill(inputs.device_global_indices, into_state, host.reshape(-1))
-    fills = torch.minimum(miss_total, evictable_count)[:, None]
+    fills = torch.minimum(miss_total[classified], evictable_count)[:, None]
     target = torch.where(
         hit,
         hot_size - hit_count[:, None] + hit_rank,
         torch.where(evict_rank >= fills, evict_rank - fills, hot_size - hit_count[:, None] - fills + evict_rank),
     )
     new_lru = torch.empty_like(lru).scatter_(1, target, lru)
-    into_rows = torch.where(working[:, 0], rows.state, num_states)
+    into_rows = torch.where(working[:, 0], rows.state[classified], num_states)
     spill_rows = torch.cat([inputs.lru_slots, inputs.lru_slots.new_zeros(1, hot_size)])
     spill_rows.index_copy_(0, into_rows, new_lru.to(inputs.lru_slots.dtype))
     inputs.lru_slots.copy_(spill_rows[:-1])
@@ -318,57 +336,71 @@ def word_rows(cache: torch.Tensor) -> torch.Tensor:
 COPY_ROUND_BYTES = 4 << 20
 
 
-def _copy_rows(
-    host_cache: torch.Tensor, hot_cache: torch.Tensor, source: torch.Tensor, destination: torch.Tensor,
-    write: torch.Tensor,
-) -> None:
-    """For every entry with ``write``: hot row ``destination`` := host row ``source`` (zeros if past the end).
+def _plan_entries(inputs: GatherInputs, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(source, destination, write)`` (int64, int64, bool) of flat plan entries ``[start, stop)``."""
+    source = inputs.global_indices.reshape(-1)[start:stop].to(_I64)
+    destination = inputs.hot_indices.reshape(-1)[start:stop].to(_I64)
+    if inputs.compact:
+        flat = torch.arange(start, stop, dtype=_I64, device=inputs.device)
+        row = torch.div(flat, inputs.columns, rounding_mode="floor")
+        count = inputs.selector.reshape(-1)[:inputs.num_rows].to(_I64).clamp(0, inputs.columns)
+        chosen = flat - row * inputs.columns < count[row]
+    else:
+        chosen = inputs.selector.reshape(-1)[start:stop] != 0
+    write = chosen & (source >= 0) & (destination >= 0) & (destination < inputs.hot_rows)
+    return source, destination, write
 
-    Fixed shape: every entry writes its destination row. An entry that must not write re-stores the row its
-    destination group ends with: the last writing entry's source row, or the row's current bytes. So all
-    entries of one destination store identical bytes and the scatter's order cannot matter; a destination
-    written twice ends with the later entry, as the oracle's sequential loop does. Rows move in rounds of
-    ``COPY_ROUND_BYTES`` (a number of rounds fixed by the shapes), so extra memory does not grow with R x K
-    beyond the int64 index arrays.
+
+def _copy_rows(inputs: GatherInputs) -> None:
+    """For every entry that writes: hot row ``destination`` := host row ``source`` (zeros past the host cache).
+
+    Fixed shape: every entry stores its destination row (an entry that does not write targets row 0). What it
+    stores is what that row ends with: the host row of the row's *last* writing entry (``last``, an int32
+    ``scatter_reduce(amax)`` of entry numbers over hot rows), or the row's current bytes. So all stores to one row
+    are identical and the scatter's order cannot matter; a row named twice ends with the later entry, as the
+    oracle's loop does. Entries are planned and moved in rounds of ``COPY_ROUND_BYTES`` of rows (a number of
+    rounds fixed by the shapes), so one call holds ``last`` (4 bytes per hot row) and one round's temporaries,
+    whatever R x K is.
     """
-    source, destination, write = source.reshape(-1), destination.reshape(-1), write.reshape(-1)
-    host_rows = host_cache.shape[0]
-    hot = word_rows(hot_cache)
+    host_rows, hot_rows = inputs.host_rows, inputs.hot_rows
+    hot = word_rows(inputs.hot_cache)
     blocks, block_size, words = hot.shape
-    hot_rows = blocks * block_size
-    if hot_rows == 0:
+    total = inputs.num_rows * inputs.columns
+    if hot_rows == 0 or total == 0:
         return
-    target = torch.where(write, destination, 0)
-    _, group, _ = _first_references(target)
-    entries = torch.arange(target.numel(), dtype=_I64, device=target.device)
-    last_writer = torch.full_like(entries, -1).scatter_reduce_(
-        0, group, torch.where(write, entries, -1), reduce="amax"
-    )[group]
-    written = last_writer >= 0
-    writer_source = source[last_writer.clamp(min=0)]
-    from_host = written & (writer_source < host_rows)
-    writer_source = writer_source.clamp(0, max(host_rows - 1, 0))
-    host = word_rows(host_cache)
-    flat = hot.view(hot_rows, words) if hot.stride(0) == block_size * words else None
+    device = inputs.device
     round_rows = max(1, COPY_ROUND_BYTES // (words * hot.element_size()))
-    for start in range(0, target.numel(), round_rows):
-        piece = slice(start, start + round_rows)
-        rows = target[piece]
+    last = torch.full((hot_rows + 1,), -1, dtype=torch.int32, device=device)  # + a spill row for non-writers
+    for start in range(0, total, round_rows):
+        stop = min(start + round_rows, total)
+        _, destination, write = _plan_entries(inputs, start, stop)
+        entries = torch.arange(start, stop, dtype=torch.int32, device=device)
+        last.scatter_reduce_(0, torch.where(write, destination, hot_rows), entries, reduce="amax")
+    sources = inputs.global_indices.reshape(-1)
+    host = word_rows(inputs.host_cache)
+    flat = hot.view(hot_rows, words) if hot.stride(0) == block_size * words else None
+    for start in range(0, total, round_rows):
+        stop = min(start + round_rows, total)
+        _, destination, write = _plan_entries(inputs, start, stop)
+        rows = torch.where(write, destination, 0)
+        writer = last[rows].to(_I64)
+        written = writer >= 0
+        writer_source = sources[writer.clamp(min=0)].to(_I64)
+        from_host = written & (writer_source < host_rows)
         if flat is not None:
             current = flat.index_select(0, rows)
         else:  # blocks strided apart (a slab view): address each row by (block, offset)
             current = hot[torch.div(rows, block_size, rounding_mode="floor"), torch.remainder(rows, block_size)]
         if host_rows > 0:
-            loaded = host.index_select(0, writer_source[piece])
-            merged = torch.where(from_host[piece, None], loaded, torch.where(written[piece, None], 0, current))
+            loaded = host.index_select(0, writer_source.clamp(0, host_rows - 1))
+            merged = torch.where(from_host[:, None], loaded, torch.where(written[:, None], 0, current))
         else:
-            merged = torch.where(written[piece, None], 0, current)
+            merged = torch.where(written[:, None], 0, current)
         if flat is not None:
             flat.index_copy_(0, rows, merged)
         else:
             hot.index_put_((torch.div(rows, block_size, rounding_mode="floor"), torch.remainder(rows, block_size)),
                            merged)
-
 
 
 def plan_gather(inputs: GatherInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -392,7 +424,7 @@ def gather(inputs: GatherInputs) -> None:
     with fixed shapes (see :func:`_copy_rows`)."""
     if inputs.empty:
         return
-    _copy_rows(inputs.host_cache, inputs.hot_cache, *plan_gather(inputs))
+    _copy_rows(inputs)
 
 
 def named_tables(inputs: InvalidateInputs) -> torch.Tensor:

@@ -198,8 +198,8 @@ def resolve_union_kernel(
         union = -1
         s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
         if s >= 0:
-            if _claimed_before(r0, s, valid, rid_ptr, rsi_ptr, rsi_len, num_states, HAS_RID, HAS_RSI, BLOCK_R):
-                s = -1
+            claimed = _claimed_before(r0, s, valid, rid_ptr, rsi_ptr, rsi_len, num_states, HAS_RID, HAS_RSI, BLOCK_R)
+            s = tl.where(claimed, -1, s)
         if s >= 0:
             r1 = _run_end(r0, q, N, valid, rid_ptr, HAS_RID)
             positions = (r1 - r0) * K
@@ -471,7 +471,7 @@ def invalidate_written_slots_kernel(
     address = tl.load(ptrs_ptr + group)
     hits = 0
     for k0 in range(0, num_known, BLOCK_T):
-        ks = k0 + tl.arange(0, BLOCK_T)
+        ks = k0 + tl.arange(0, BLOCK_T).to(tl.int64)
         known = tl.load(known_ptr + ks, mask=ks < num_known, other=0)
         hits += tl.sum(((ks < num_known) & (known == address)).to(tl.int32), axis=0)
     q = tl.load(rid_ptr + t).to(tl.int64)

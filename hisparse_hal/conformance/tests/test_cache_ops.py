@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from hisparse_hal.cache_ops import oracle
+from hisparse_hal.cache_ops import device_checks, oracle
 from hisparse_hal.cache_ops.sequences import (
     POISON,
     SHAPES,
@@ -26,6 +26,10 @@ from hisparse_hal.cache_ops.sequences import (
     run_sequence,
 )
 from hisparse_hal.conformance.arenas import synchronize
+
+#: Positions of INVARIANT_SEEDS whose 77_000 + i sequence checks nothing (first step raises or loads no host row).
+INVARIANT_SEED_OVERRIDES: dict[int, int] = {4: 77_044, 10: 77_050, 11: 77_051, 13: 77_053, 18: 77_058, 19: 77_059,
+                                            20: 77_060, 22: 77_102, 24: 77_064, 34: 77_074}
 
 #: Generated sequences each backend's cache ops must match the oracle on (spread evenly over ``SHAPES``).
 CACHE_OPS_SEQUENCES = int(os.environ.get("HISPARSE_HAL_CACHE_OPS_SEQUENCES", "2000"))
@@ -70,9 +74,13 @@ def test_cache_ops_equal_the_oracle_on_generated_multi_step_sequences(backend, c
                          suppress_health_check=list(hypothesis.HealthCheck))
     @hypothesis.given(seed=st.integers(0, 2**32 - 1))
     def matches_the_oracle(seed: int) -> None:
-        seeds.add(seed)
         sequence = build_sequence(seed, shape)
         expected = run_sequence(oracle, sequence)
+        # A union over max_union_rows is a typed error where values are readable (the CPU device); a GPU
+        # asserts on the device, which ends the process's device context, so GPUs run only sequences without one.
+        hypothesis.assume(device_checks.values_readable(torch.device(backend.device))
+                          or not any(record.error for record in expected))
+        seeds.add(seed)
         actual = _backend_records(backend, cache_ops, sequence)
         for step, (want, got) in enumerate(zip(expected, actual, strict=True)):
             for field in dataclasses.fields(StepRecord):
@@ -86,12 +94,13 @@ def test_cache_ops_equal_the_oracle_on_generated_multi_step_sequences(backend, c
     assert len(seeds) >= PER_SHAPE, f"only {len(seeds)} distinct sequences ran; {PER_SHAPE} are required"
 
 
-def _translate(run: SequenceRun, step: Any, q: int, t: int) -> tuple[int, bool]:
-    """(host row or -1, resident?) of token ``t`` of batch request row ``q``, from the step's tables."""
+def _translate(run: SequenceRun, step: Any, q: int, s: int, t: int) -> tuple[int, bool]:
+    """(host row or -1, resident?) of token ``t`` of batch request row ``q`` on state row ``s``, from the step's
+    tables (the resident table is indexed by state row)."""
     block, host_rows = run.sequence.shape.block_size, run.sequence.host_rows
     res = step.resident_block_table
     page, offset = divmod(t, block) if t >= 0 else (-1, 0)
-    if res is not None and 0 <= page < len(res[q]) and res[q][page] > 0:
+    if res is not None and 0 <= page < len(res[s]) and res[s][page] > 0:
         return -1, True
     if page < 0 or page >= len(step.source_block_table[q]) or step.source_block_table[q][page] <= 0:
         return -1, False
@@ -100,12 +109,10 @@ def _translate(run: SequenceRun, step: Any, q: int, t: int) -> tuple[int, bool]:
 
 
 #: 40 sequence seeds, the i-th built with ``SHAPES[i % len(SHAPES)]``: 77_000 + i, except where that sequence's first
-#: step sets an error flag (the invariant below does not apply to a flagged step) or reads no host row, so that it
-#: would check nothing; there the next seed of the same shape (+40) that checks entries. The test fails on a seed
-#: that checks no entry.
-INVARIANT_SEEDS = tuple(
-    {12: 77_052, 13: 77_053, 30: 77_070, 31: 77_071, 32: 77_072, 35: 77_075}.get(i, 77_000 + i) for i in range(40)
-)
+#: step raises the union error (the invariant below does not apply to it) or reads no host row, so that it would
+#: check nothing; there the next seed of the same shape (+40) that checks entries. The test fails on a seed that
+#: checks no entry.
+INVARIANT_SEEDS = tuple(INVARIANT_SEED_OVERRIDES.get(i, 77_000 + i) for i in range(40))
 
 
 @pytest.mark.parametrize("position", range(len(INVARIANT_SEEDS)))
@@ -113,29 +120,35 @@ def test_after_resolve_and_gather_every_valid_entry_reads_its_host_row_and_stats
                                                                                                 position) -> None:
     seed = INVARIANT_SEEDS[position]
     sequence = build_sequence(seed, SHAPES[position % len(SHAPES)])
+    expected = run_sequence(oracle, sequence)
     checked_steps = checked_entries = 0
     with _live(backend, sequence) as run:
         for index, step in enumerate(sequence.steps):
             dgi_before = run.dgi.to("cpu").tolist()
             stats_before = run.stats.view(torch.int64).to("cpu").tolist()
+            if expected[index].error is not None or any(slot not in range(run.sequence.shape.slots)
+                                                         for row in run.lru.to("cpu").tolist() for slot in row):
+                break  # union errors and LRU tripwires are compared with the oracle above, not here
             io = run.tensors(step)
             run.resolve(cache_ops, step, io)
             run.gather(cache_ops, io)
             synchronize(backend.device)
-            if int(run.error_flags.to("cpu").item()):
-                break  # overflow / tripwire steps are compared with the oracle above, not here
             hot_rows = run.hot.to("cpu").view(torch.uint8).flatten(0, 1)
             host = run.host.view(torch.uint8)
             hot = io.hot_indices.to("cpu").tolist()
             hits = misses = 0
             first_rows: dict[int, set[int]] = {}
-            for r, q in enumerate(step.request_ids):
+            claimed: dict[int, int] = {}  # state row -> request of the first run on it (decision D1)
+            for r, stale in enumerate(step.request_ids):
+                q = stale if r < step.num_valid_rows else -1
                 s = step.request_state_indices[q] if 0 <= q < len(step.request_state_indices) else -1
+                if s >= 0 and claimed.setdefault(s, q) != q:
+                    s = -1  # a later run on a claimed state row is padding
                 for c, t in enumerate(step.global_indices[r]):
                     if s < 0:
                         assert hot[r][c] == -1, f"padding row {r} column {c} must be -1"
                         continue
-                    g, resident = _translate(run, step, q, t)
+                    g, resident = _translate(run, step, q, s, t)
                     if resident:
                         continue
                     if g < 0:
@@ -156,25 +169,38 @@ def test_after_resolve_and_gather_every_valid_entry_reads_its_host_row_and_stats
             checked_steps += 1
             run.mirror_and_invalidate(cache_ops, step, index)
     assert checked_steps and checked_entries, (
-        f"build_sequence({seed}) checked {checked_steps} steps and {checked_entries} entries: its first step set an "
-        "error flag or loaded no host row, so this seed tests nothing (pick another in INVARIANT_SEEDS)"
+        f"build_sequence({seed}) checked {checked_steps} steps and {checked_entries} entries: its first step raised "
+        "the union error or loaded no host row, so this seed tests nothing (pick another in INVARIANT_SEEDS)"
     )
 
 
 def _fixed_shape(sequence: DecodeSequence) -> DecodeSequence:
     """The sequence with an all-null resident table where a step had none, so every step has one signature."""
     steps = []
+    pages = len(sequence.steps[0].source_block_table[0])
     for step in sequence.steps:
-        table = step.resident_block_table or [[0] * len(step.source_block_table[0])] * len(step.source_block_table)
+        table = step.resident_block_table or [[0] * pages] * sequence.num_states
         steps.append(dataclasses.replace(step, resident_block_table=table))
     return dataclasses.replace(sequence, steps=steps)
 
 
+def _capture_seeds(count: int, start: int = 91_000) -> list[int]:
+    """The first ``count`` seeds from ``start`` whose sequence (SHAPES[0]) raises no union error: a replay runs
+    without the host, so an error there would surface only at the next synchronization."""
+    seeds: list[int] = []
+    seed = start
+    while len(seeds) < count:
+        if not any(record.error for record in run_sequence(oracle, build_sequence(seed, SHAPES[0]))):
+            seeds.append(seed)
+        seed += 1
+    return seeds
+
+
 @needs_capture
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("position", range(4))
 def test_captured_cache_ops_run_only_on_replay_and_replay_steps_with_inputs_updated_in_place(backend, cache_ops,
-                                                                                            seed) -> None:
-    sequence = _fixed_shape(build_sequence(seed + 91_000, SHAPES[0]))
+                                                                                            position) -> None:
+    sequence = _fixed_shape(build_sequence(_capture_seeds(4)[position], SHAPES[0]))
     expected = run_sequence(oracle, sequence)
     with _live(backend, sequence) as run:
         io = run.tensors(sequence.steps[0])
@@ -195,6 +221,6 @@ def test_captured_cache_ops_run_only_on_replay_and_replay_steps_with_inputs_upda
             assert got == want.outputs, f"replay of step {index} wrote different outputs than the oracle"
             assert run.dgi.to("cpu").tolist() == want.dgi and run.lru.to("cpu").tolist() == want.lru
             assert run.stats.view(torch.int64).to("cpu").tolist() == want.stats
-            assert run.hot.to("cpu").view(torch.uint8).flatten(0, 1).tolist() == want.hot_bytes, (
+            assert run.slab.to("cpu").view(torch.uint8).flatten(0, 1).tolist() == want.hot_bytes, (
                 f"replay of step {index}: the captured gather_compact left different hot bytes")
             run.mirror_and_invalidate(cache_ops, step, index)
