@@ -108,7 +108,10 @@ def validate_config(config: object, supported_formats: frozenset[str], where: st
         UnsupportedCapabilityError: a known format this device cannot hold.
     """
     if not isinstance(config, KVCacheConfig):
-        raise InvalidArgumentError(f"expected a KVCacheConfig, got {type(config).__name__}")
+        raise InvalidArgumentError(
+            f"expected a hisparse_hal.kv_cache.KVCacheConfig, or a config with tensor placements (vLLM 0.34.0's "
+            f"KVCacheConfig: num_blocks, kv_cache_tensors, kv_cache_groups), got {type(config).__name__}"
+        )
     if config.format not in KV_FORMAT_SPECS:
         raise InvalidArgumentError(
             f"unknown KV format {config.format!r}; known formats are {sorted(KV_FORMAT_SPECS)}"
