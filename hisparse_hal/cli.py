@@ -187,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     scenario.add_argument("-v", "--verbose", action="store_true", help="log at INFO (the sync path's reason, cleanup)")
     scenario.set_defaults(func=_cmd_scenario)
 
-    vllm_check = sub.add_parser("vllm-check", help="can vLLM 0.34.0's HiSparse run here: its backend, whose cache ops, what blocks it")
+    vllm_check = sub.add_parser(
+        "vllm-check", help="can vLLM 0.34.0's HiSparse run here: its backend, whose cache ops, what blocks it"
+    )
     vllm_check.add_argument("--json", action="store_true", help="print JSON instead of text")
     vllm_check.set_defaults(func=_cmd_vllm_check)
     return parser

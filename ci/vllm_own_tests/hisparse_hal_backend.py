@@ -42,7 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("HISPARSE_HAL_REPLACE_CUDA_BACKEND") == "1":
         from hisparse_hal.integrations.vllm_backend import CpuHiSparseBackend
 
-        vllm_backend.CUDAHiSparseBackend = CpuHiSparseBackend  # type: ignore[misc]
+        vllm_backend.CUDAHiSparseBackend = CpuHiSparseBackend  # type: ignore[misc, assignment, unused-ignore]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -225,7 +225,7 @@ def check() -> dict[str, Any]:
     version = _vllm_version()
     report: dict[str, Any] = {"vllm_installed": version is not None, "vllm_version": version,
                               "entry_point_registered": _entry_point_registered()}
-    empty = {"backend_cls": None, "backend_error": None, "cache_ops": None, "blockers": [],
+    empty: dict[str, Any] = {"backend_cls": None, "backend_error": None, "cache_ops": None, "blockers": [],
              "hisparse_can_run": False}
     if version is None:
         return {**report, "plugin": register().as_dict(), **empty}

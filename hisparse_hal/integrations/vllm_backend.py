@@ -47,8 +47,8 @@ class HalHiSparseBackend(VllmHiSparseBackend):
         self._events: dict[int, Any] = {}
         self._events_lock = threading.Lock()
 
-    @property  # type: ignore[override]  # vLLM declares a class attribute; ours depends on the device
-    def supports_shared_host_pool(self) -> bool:
+    @property  # vLLM declares a class attribute; ours depends on the device
+    def supports_shared_host_pool(self) -> bool:  # type: ignore[override, unused-ignore]
         """True only where vLLM's use of IPC events orders work across processes on this device.
 
         Non-writer ranks only ever call ``torch.accelerator.current_stream().wait_event(event)``
@@ -59,8 +59,8 @@ class HalHiSparseBackend(VllmHiSparseBackend):
         """
         return self.hal.device.type != "cpu" and self.hal.supports_shared_host_pool
 
-    @property  # type: ignore[override]
-    def stats_dtype(self) -> torch.dtype:
+    @property
+    def stats_dtype(self) -> torch.dtype:  # type: ignore[override, unused-ignore]
         """The hisparse-hal backend's ``[hits, misses]`` counter dtype (``runtime.py:623``)."""
         return self.hal.stats_dtype
 

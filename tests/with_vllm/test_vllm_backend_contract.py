@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import pickle
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -32,6 +33,7 @@ from hisparse_hal.errors import (  # noqa: E402
     UnpinError,
     UnsupportedCapabilityError,
 )
+from hisparse_hal.integrations.vllm_backend import CpuHiSparseBackend  # noqa: E402
 
 LAYER = "model.layers.0.self_attn.attn"
 RESIDENT, HOT = f"{LAYER}.hisparse_resident", f"{LAYER}.hisparse_hot"
@@ -39,7 +41,7 @@ BLOCK, ROW_BYTES, NUM_BLOCKS, HOST_BLOCKS = 4, 64, 8, 6
 PAGE = BLOCK * ROW_BYTES
 
 
-def vllm_config(dtype: torch.dtype = torch.bfloat16, **overrides: object) -> KVCacheConfig:
+def vllm_config(dtype: torch.dtype = torch.bfloat16, **overrides: Any) -> KVCacheConfig:
     """A HiSparse ``KVCacheConfig`` as vLLM's planner lays one out: a host-resident source group, and resident
     and hot groups overlaying one device backing (kv_cache_interface.py:490-555)."""
     source = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=ROW_BYTES // dtype.itemsize, dtype=dtype)
@@ -60,14 +62,16 @@ def vllm_config(dtype: torch.dtype = torch.bfloat16, **overrides: object) -> KVC
         hisparse_host_block_stride=PAGE,
     )
     fields.update(overrides)
-    return KVCacheConfig(**fields)  # type: ignore[arg-type]
+    return KVCacheConfig(**fields)  # type: ignore[arg-type, unused-ignore]
 
 
 @pytest.fixture
-def backend(monkeypatch: pytest.MonkeyPatch) -> VllmHiSparseBackend:
+def backend(monkeypatch: pytest.MonkeyPatch) -> CpuHiSparseBackend:
     loaded_plugin()
     install(monkeypatch, hr)
-    return get_hisparse_backend()
+    built = get_hisparse_backend()
+    assert isinstance(built, CpuHiSparseBackend) and isinstance(built, VllmHiSparseBackend)
+    return built
 
 
 @pytest.fixture
@@ -84,7 +88,9 @@ def kv_caches(slab: torch.Tensor, host_pool: torch.Tensor) -> dict[str, torch.Te
     return {RESIDENT: slab, HOT: slab, LAYER: host_pool.view(HOST_BLOCKS, BLOCK, ROW_BYTES)}
 
 
-def spill(backend: VllmHiSparseBackend, slab: torch.Tensor, host_pool: torch.Tensor, block: int, host_block: int) -> None:
+def spill(
+    backend: VllmHiSparseBackend, slab: torch.Tensor, host_pool: torch.Tensor, block: int, host_block: int
+) -> None:
     """The worker's device-to-host page spill (worker.py:615-619): raw addresses in CPU int64 tensors."""
     src = torch.tensor([slab.data_ptr() + block * PAGE], dtype=torch.int64)
     dst = torch.tensor([host_pool.data_ptr() + host_block * PAGE], dtype=torch.int64)
@@ -138,14 +144,15 @@ def test_a_device_layer_missing_from_kv_caches_is_named_and_changes_nothing(
 @pytest.mark.parametrize(
     ("overrides", "error", "message"),
     [
-        ({"hisparse_host_num_blocks": 0}, InvalidArgumentError, "hisparse_host_num_blocks must be a positive int, got 0"),
+        ({"hisparse_host_num_blocks": 0}, InvalidArgumentError,
+         "hisparse_host_num_blocks must be a positive int, got 0"),
         ({"hisparse_host_block_stride": -256}, InvalidArgumentError, "hisparse_host_block_stride must be a positive"),
         ({"num_blocks": 0}, InvalidArgumentError, "num_blocks must be a positive int, got 0"),
         ({"hisparse_shared_host_pool": True}, UnsupportedCapabilityError, "asks for a shared HiSparse host pool"),
     ],
 )
 def test_bad_vllm_configs_get_typed_errors_naming_the_value(
-    backend: VllmHiSparseBackend, overrides: dict[str, object], error: type[Exception], message: str
+    backend: VllmHiSparseBackend, overrides: dict[str, Any], error: type[Exception], message: str
 ) -> None:
     with pytest.raises(error, match=message):
         backend.validate_kv_cache_config(vllm_config(**overrides))
@@ -179,7 +186,7 @@ def test_vllms_release_pinned_state_unpins_newest_first_and_stops_on_our_error(
             backend.unpin_tensor(tensor)
 
 
-def test_ipc_events_take_vllms_stream_calls_and_export_picklable_handles(backend: VllmHiSparseBackend) -> None:
+def test_ipc_events_take_vllms_stream_calls_and_export_picklable_handles(backend: CpuHiSparseBackend) -> None:
     event = backend.create_ipc_event()
     stream = torch.Stream("cpu")
     assert isinstance(event, torch.Event)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Iterator
+from typing import Any, cast
 
 import pytest
 import torch
@@ -67,7 +68,7 @@ class Setup:
         hot_table = torch.arange(1, 1 + MAX_REQS * 2, dtype=I32).view(MAX_REQS, 2)
         self.residency = torch.zeros((1, MAX_REQS, HOST_BLOCKS), dtype=I32)
         for layer, (runtime, handle) in enumerate(zip(self.runtimes, self.handles, strict=True)):
-            binding = dict(byte_offset=layer * PAGE, block_stride=LAYERS * PAGE, num_blocks=NUM_BLOCKS,
+            binding: dict[str, Any] = dict(byte_offset=layer * PAGE, block_stride=LAYERS * PAGE, num_blocks=NUM_BLOCKS,
                            block_size=BLOCK)
             runtime.bind_hot_cache(self.slab, **binding, block_table=hot_table)
             handle.bind_cache(self.slab, **binding, block_table=self.residency[0],
@@ -81,7 +82,8 @@ class Setup:
         vllm_cfg = types.SimpleNamespace(
             scheduler_config=types.SimpleNamespace(max_num_batched_tokens=16, max_num_seqs=MAX_REQS),
             num_lookahead_tokens=0, instance_id="hisparse-hal-test")
-        self.worker = hw.HiSparseConnectorWorker(vllm_cfg, types.SimpleNamespace(hisparse_host_num_blocks=HOST_BLOCKS))
+        kv_config = types.SimpleNamespace(hisparse_host_num_blocks=HOST_BLOCKS)
+        self.worker = hw.HiSparseConnectorWorker(cast(Any, vllm_cfg), cast(Any, kv_config))
         self.worker.initialize(self.handles, [f"layer{i}" for i in range(LAYERS)], MAX_REQS, HOST_BLOCKS,
                                torch.device("cpu"), [self.pool])
 

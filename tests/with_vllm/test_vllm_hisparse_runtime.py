@@ -59,7 +59,7 @@ class World:
         self.handles = [hr.HiSparseCacheHandle(runtime) for runtime in self.runtimes]
         self.host_kv = []
         for layer, (runtime, handle) in enumerate(zip(self.runtimes, self.handles, strict=True)):
-            binding = dict(byte_offset=layer * BLOCK * ROW_BYTES, block_stride=block_stride,
+            binding: dict[str, Any] = dict(byte_offset=layer * BLOCK * ROW_BYTES, block_stride=block_stride,
                            num_blocks=SLAB_BLOCKS, block_size=BLOCK)
             runtime.bind_hot_cache(self.slab, **binding, block_table=self.hot_block_table)
             handle.bind_cache(self.slab, **binding, block_table=self.resident_table,
