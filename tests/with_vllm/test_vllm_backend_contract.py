@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -200,3 +201,59 @@ def test_ipc_events_take_vllms_stream_calls_and_export_picklable_handles(backend
     assert backend.hal.supports_shared_host_pool is True
     with pytest.raises(InvalidArgumentError, match="expected an event from create_ipc_event, got Event"):
         backend.export_event(torch.Event("cpu"))
+
+
+class _GpuLikeEvent:
+    """A hisparse-hal GPU event's shape (vendors/torch_gpu.py GpuIpcEvent): the torch event it wraps."""
+
+    def __init__(self) -> None:
+        self.torch_event = torch.Event("cpu")  # stands for the torch.cuda.Event a GPU backend wraps
+
+
+class _GpuLikeHal:
+    """Only what the adapter's event and shared-pool members read of a GPU backend."""
+
+    device = torch.device("cuda", 0)
+
+    def __init__(self, shared_host_pool: bool) -> None:
+        self.supports_shared_host_pool = shared_host_pool
+        self.exported: list[object] = []
+
+    def create_ipc_event(self) -> _GpuLikeEvent:
+        return _GpuLikeEvent()
+
+    def export_event(self, event: object) -> bytes:
+        if not isinstance(event, _GpuLikeEvent):
+            raise InvalidArgumentError(f"export_event: expected an event from create_ipc_event, got {type(event)}")
+        self.exported.append(event)
+        return b"handle"
+
+    def import_event(self, device: torch.device, handle: bytes) -> _GpuLikeEvent:
+        return _GpuLikeEvent()
+
+
+def _adapter_on(hal: _GpuLikeHal) -> CpuHiSparseBackend:
+    adapter = CpuHiSparseBackend.__new__(CpuHiSparseBackend)  # not built: its hal is the GPU-shaped stand-in
+    adapter.hal = hal  # type: ignore[assignment]
+    adapter._events = {}
+    adapter._events_lock = threading.Lock()
+    return adapter
+
+
+def test_gpu_events_reach_vllm_as_the_torch_event_they_wrap_and_export_as_ours() -> None:
+    """torch.Stream.wait_event reads its argument as a torch.Event (worker.py:419), so vLLM gets the wrapped one."""
+    hal = _GpuLikeHal(shared_host_pool=True)
+    adapter = _adapter_on(hal)
+    event = adapter.create_ipc_event()
+    assert isinstance(event, torch.Event)
+    assert adapter.export_event(event) == b"handle" and isinstance(hal.exported[0], _GpuLikeEvent)
+    assert hal.exported[0].torch_event is event
+    assert isinstance(adapter.import_event(torch.device("cuda", 1), b"handle"), torch.Event)
+    with pytest.raises(InvalidArgumentError, match="expected an event from create_ipc_event"):
+        adapter.export_event(torch.Event("cpu"))
+
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_gpu_shared_host_pool_is_the_capability_plans(planned: bool) -> None:
+    """CUDA: True; ROCm: the HIP version's plan (False on 7.2.x, 32-cycle IPC events, vLLM #57602)."""
+    assert _adapter_on(_GpuLikeHal(shared_host_pool=planned)).supports_shared_host_pool is planned
