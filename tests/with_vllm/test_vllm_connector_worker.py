@@ -144,32 +144,34 @@ def test_a_spill_outside_the_registered_regions_is_refused_before_copying(setup:
     assert torch.equal(setup.pool, pool_before)
 
 
-def test_decode_steps_invalidate_rewritten_host_rows_for_every_leader(setup: Setup) -> None:
-    """finish_forward -> _enqueue_host_mirror -> HiSparseSlotInvalidator (worker.py:889-894)."""
+def test_a_forward_mirrors_written_rows_and_invalidates_their_hot_copies(setup: Setup) -> None:
+    """start_step -> prepare_forward -> finish_forward: the written rows reach the host through
+    swap_blocks_batch (worker.py:650-701) and HiSparseSlotInvalidator drops their stale hot copies (:889-894)."""
     worker = setup.worker
     group = setup.runtimes[0].index_group
-    group.device_global_indices[2, :3] = torch.tensor([13, 9, 13], dtype=I32)
+    group.device_global_indices[2, :3] = torch.tensor([13, 9, 14], dtype=I32)
     group.device_global_indices[1, 0] = 13
-    written = torch.tensor([13], dtype=torch.int64)  # the host group's slot mapping, shared (binding.py:331)
+    written = torch.tensor([13, 14], dtype=torch.int64)  # the host group's slot mapping, shared (binding.py:331)
     for handle in setup.handles:
         handle.mirror_slot_mapping = written
-    # The forward writes resident slot 5*BLOCK+1 (the resident group's slot mapping, staged at start_step,
-    # worker.py:475-504); the scheduler's envelope maps it to host row 13.
+    # The forward writes resident rows 5*BLOCK+1 and +2 (the resident slot mapping, staged at start_step,
+    # worker.py:475-504); the scheduler's envelope maps them to host rows 13 and 14.
     assert setup.handles[0].slot_mapping is not None
-    setup.handles[0].slot_mapping[0] = 5 * BLOCK + 1
-    mirror = SparseKVRowMirror(source_starts=(5 * BLOCK + 1,), destination_start=13, num_rows=1)
+    setup.handles[0].slot_mapping[:2] = torch.tensor([5 * BLOCK + 1, 5 * BLOCK + 2])
+    mirror = SparseKVRowMirror(source_starts=(5 * BLOCK + 1,), destination_start=13, num_rows=2)
     step = dataclasses.replace(metadata(), row_mirrors={"a": (mirror,)})
-    worker.start_step(step, torch.tensor([2, 1], dtype=I32), ["a", "b"], num_tokens=1)
-    for handle in setup.handles:  # what prepare_group_for_batch sets for a one-token decode (runtime.py:1163-1183)
-        handle.num_actual_tokens = handle.num_decode_tokens = 1
-        handle.decode_batch, handle.host_mirror_required = True, True
-        handle.req_id_per_token = torch.tensor([0], dtype=I32)
-        handle.mirror_slot_mapping = written
+    worker.start_step(step, torch.tensor([2, 1], dtype=I32), ["a", "b"], num_tokens=2)
+    # A two-token prefill chunk of request "a" (batch row 0, state row 2): not a decode batch, so mirrored now.
+    attention = types.SimpleNamespace(num_actual_tokens=2, num_decode_tokens=0, max_query_len=2, num_reqs=1,
+                                      req_id_per_token=torch.tensor([0, 0], dtype=I32))
+    worker.prepare_forward({"layer0": attention})
+    assert all(handle.host_mirror_required and not handle.decode_batch for handle in setup.handles)
     worker.finish_forward()
     assert group.device_global_indices[2, :3].tolist() == [-1, 9, -1]  # request 0's state row only
     assert int(group.device_global_indices[1, 0]) == 13
-    for layer in range(LAYERS):  # the row mirror went through swap_blocks_batch (worker.py:650-701)
-        assert torch.equal(setup.host_kv[layer].view(-1, ROW_WIDTH)[13], setup.resident_page(layer, 5)[1]), layer
+    for layer in range(LAYERS):
+        host_rows = setup.host_kv[layer].view(-1, ROW_WIDTH)[13:15]
+        assert torch.equal(host_rows, setup.resident_page(layer, 5)[1:3]), layer
 
 
 def test_shutdown_unpins_through_the_backend_and_unbinds(setup: Setup) -> None:
