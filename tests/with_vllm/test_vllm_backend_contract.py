@@ -49,10 +49,11 @@ def vllm_config(dtype: torch.dtype = torch.bfloat16, **overrides: Any) -> KVCach
     fields: dict[str, object] = dict(
         num_blocks=NUM_BLOCKS,
         kv_cache_tensors=[
-            KVCacheTensor(size=NUM_BLOCKS * PAGE, layers=[RESIDENT], layer_stride=0, block_stride=PAGE),
-            KVCacheTensor(size=NUM_BLOCKS * PAGE, layers=[HOT], layer_stride=0, block_stride=PAGE),
-            KVCacheTensor(size=HOST_BLOCKS * PAGE, layers=[LAYER], layer_stride=0, block_stride=PAGE,
-                          host_resident=True),
+            KVCacheTensor(size=NUM_BLOCKS * PAGE, layers=[RESIDENT], layer_stride=NUM_BLOCKS * PAGE,
+                          block_stride=PAGE),
+            KVCacheTensor(size=NUM_BLOCKS * PAGE, layers=[HOT], layer_stride=NUM_BLOCKS * PAGE, block_stride=PAGE),
+            KVCacheTensor(size=HOST_BLOCKS * PAGE, layers=[LAYER], layer_stride=HOST_BLOCKS * PAGE,
+                          block_stride=PAGE, host_resident=True),
         ],
         kv_cache_groups=[
             KVCacheGroupSpec([LAYER], source, host_resident=True),
