@@ -15,7 +15,7 @@ import torch
 
 from hisparse_hal.errors import UnionOverflowError, UnknownTableError
 
-from . import device_checks
+from . import device_checks, tables
 from .arguments import GatherInputs, InvalidateInputs, ResolveInputs
 from .signatures import vllm_ops
 
@@ -435,8 +435,8 @@ def named_tables(inputs: InvalidateInputs) -> torch.Tensor:
         UnknownTableError: on the CPU device.
     """
     pointers = inputs.device_global_indices_ptrs
-    known = torch.tensor(inputs.addresses, dtype=_I64).to(inputs.device)
-    names = pointers[:, None] == known[None, :]
+    known = tables.address_tensor(inputs.addresses, inputs.device)
+    names = (pointers[:, None] == known[None, :]) & bool(inputs.addresses)
 
     def error(index: int) -> UnknownTableError:
         return UnknownTableError(int(pointers[index]), index, f"is no registered [{inputs.num_state_rows}, "
