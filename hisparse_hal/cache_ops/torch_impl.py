@@ -336,6 +336,10 @@ def word_rows(cache: torch.Tensor) -> torch.Tensor:
 COPY_ROUND_BYTES = 4 << 20
 
 
+#: Plan entries per round of a gather's first pass (which moves no rows): about 20 MiB of int64 temporaries.
+PLAN_ROUND_ENTRIES = 1 << 20
+
+
 def _plan_entries(inputs: GatherInputs, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(source, destination, write)`` (int64, int64, bool) of flat plan entries ``[start, stop)``."""
     source = inputs.global_indices.reshape(-1)[start:stop].to(_I64)
@@ -371,8 +375,8 @@ def _copy_rows(inputs: GatherInputs) -> None:
     device = inputs.device
     round_rows = max(1, COPY_ROUND_BYTES // (words * hot.element_size()))
     last = torch.full((hot_rows + 1,), -1, dtype=torch.int32, device=device)  # + a spill row for non-writers
-    for start in range(0, total, round_rows):
-        stop = min(start + round_rows, total)
+    for start in range(0, total, PLAN_ROUND_ENTRIES):  # index arrays only: larger rounds, fewer launches
+        stop = min(start + PLAN_ROUND_ENTRIES, total)
         _, destination, write = _plan_entries(inputs, start, stop)
         entries = torch.arange(start, stop, dtype=torch.int32, device=device)
         last.scatter_reduce_(0, torch.where(write, destination, hot_rows), entries, reduce="amax")
