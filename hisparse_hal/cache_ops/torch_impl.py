@@ -10,6 +10,7 @@ the phases below carry the oracle's phase names.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -141,7 +142,9 @@ def translate(inputs: ResolveInputs, rows: _Rows) -> tuple[torch.Tensor, torch.T
     return torch.where(host >= inputs.host_rows, -1, host), resident
 
 
-def _overflow_error(inputs: ResolveInputs, rows: _Rows, union: torch.Tensor) -> object:
+def _overflow_error(inputs: ResolveInputs, rows: _Rows, union: torch.Tensor) -> Callable[[int], UnionOverflowError]:
+    """The typed error for the run led by batch row ``index`` (read on the CPU device only)."""
+
     def error(index: int) -> UnionOverflowError:
         return UnionOverflowError(int(rows.state[index]), int(rows.request[index]), int(union[index]),
                                   inputs.max_union_rows)
@@ -153,7 +156,7 @@ def check_union(inputs: ResolveInputs, rows: _Rows, union: torch.Tensor) -> torc
     assertion on a GPU. Returns the per-row overflow mask the GPU path masks its writes with."""
     overflow = rows.is_leader & rows.active & (union > inputs.max_union_rows)
     device_checks.refuse(
-        overflow, _overflow_error(inputs, rows, union),  # type: ignore[arg-type]
+        overflow, _overflow_error(inputs, rows, union),
         f"hisparse resolve_residency: a request's union exceeds max_union_rows = {inputs.max_union_rows}",
     )
     return overflow
