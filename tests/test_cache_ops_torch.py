@@ -190,3 +190,14 @@ def test_on_a_gpu_path_an_unknown_table_address_asserts_and_only_known_tables_ar
                                   torch.tensor([5], dtype=torch.int64), 2, 2)
     assert asserted and "unknown table address" in asserted[0]
     assert known.tolist() == [[5, 6], [-1, -1]] and stranger.tolist() == [[5, 5], [5, 5]]
+
+
+def test_torch_gathers_in_many_small_rounds_equal_the_oracle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds of 3 plan entries and of one row: the last-writer pass and the row pass cross round edges."""
+    monkeypatch.setattr(torch_impl, "PLAN_ROUND_ENTRIES", 3)
+    monkeypatch.setattr(torch_impl, "COPY_ROUND_BYTES", 1)
+    for seed in range(6):
+        for shape in SHAPES:
+            sequence = build_sequence(seed, shape)
+            ours, reference = run_sequence(torch_impl, sequence), run_sequence(oracle, sequence)
+            assert ours == reference, f"seed {seed}, {shape}: {first_difference(ours, reference)}"

@@ -21,11 +21,15 @@ import torch
 
 from hisparse_hal.errors import InvalidArgumentError
 
-__all__ = ["register_table", "register_runtime_tables", "registered_tables", "table_at", "tables_version"]
+__all__ = ["address_tensor", "register_table", "register_runtime_tables", "registered_tables", "table_at",
+           "tables_version"]
 
 _lock = threading.Lock()
 _tables: dict[int, weakref.ref[torch.Tensor]] = {}
 _version = 0
+#: Device tensors of address lists (``address_tensor``), newest last; a few per process at most.
+_address_tensors: dict[tuple[torch.device, tuple[int, ...]], torch.Tensor] = {}
+_MAX_ADDRESS_TENSORS = 64
 
 
 def register_table(table: torch.Tensor) -> None:
@@ -98,3 +102,23 @@ def registered_tables() -> list[torch.Tensor]:
 def tables_version() -> int:
     """A number that changes whenever a registration changes the address -> table map."""
     return _version
+
+
+def address_tensor(addresses: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``addresses`` as an int64 tensor on ``device`` (at least one element; 0 stands for "none"), built once
+    per address list and device and then reused, so a later call copies nothing from the host (the first
+    call's host-to-device copy is the only one, as vLLM's own pointer tensor is built once,
+    ``runtime.py:1067-1076``)."""
+    values = addresses or (0,)
+    key = (torch.device(device), values)
+    with _lock:
+        cached = _address_tensors.get(key)
+        if cached is None:
+            if len(_address_tensors) >= _MAX_ADDRESS_TENSORS:
+                _address_tensors.clear()
+            if key[0].type == "meta":
+                cached = torch.empty(len(values), dtype=torch.int64, device="meta")
+            else:
+                cached = torch.tensor(values, dtype=torch.int64).to(key[0])
+            _address_tensors[key] = cached
+        return cached

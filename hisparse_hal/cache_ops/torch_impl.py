@@ -10,12 +10,13 @@ the phases below carry the oracle's phase names.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
 from hisparse_hal.errors import UnionOverflowError, UnknownTableError
 
-from . import device_checks
+from . import device_checks, tables
 from .arguments import GatherInputs, InvalidateInputs, ResolveInputs
 from .signatures import vllm_ops
 
@@ -141,7 +142,9 @@ def translate(inputs: ResolveInputs, rows: _Rows) -> tuple[torch.Tensor, torch.T
     return torch.where(host >= inputs.host_rows, -1, host), resident
 
 
-def _overflow_error(inputs: ResolveInputs, rows: _Rows, union: torch.Tensor) -> object:
+def _overflow_error(inputs: ResolveInputs, rows: _Rows, union: torch.Tensor) -> Callable[[int], UnionOverflowError]:
+    """The typed error for the run led by batch row ``index`` (read on the CPU device only)."""
+
     def error(index: int) -> UnionOverflowError:
         return UnionOverflowError(int(rows.state[index]), int(rows.request[index]), int(union[index]),
                                   inputs.max_union_rows)
@@ -153,7 +156,7 @@ def check_union(inputs: ResolveInputs, rows: _Rows, union: torch.Tensor) -> torc
     assertion on a GPU. Returns the per-row overflow mask the GPU path masks its writes with."""
     overflow = rows.is_leader & rows.active & (union > inputs.max_union_rows)
     device_checks.refuse(
-        overflow, _overflow_error(inputs, rows, union),  # type: ignore[arg-type]
+        overflow, _overflow_error(inputs, rows, union),
         f"hisparse resolve_residency: a request's union exceeds max_union_rows = {inputs.max_union_rows}",
     )
     return overflow
@@ -336,6 +339,10 @@ def word_rows(cache: torch.Tensor) -> torch.Tensor:
 COPY_ROUND_BYTES = 4 << 20
 
 
+#: Plan entries per round of a gather's first pass (which moves no rows): about 20 MiB of int64 temporaries.
+PLAN_ROUND_ENTRIES = 1 << 20
+
+
 def _plan_entries(inputs: GatherInputs, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(source, destination, write)`` (int64, int64, bool) of flat plan entries ``[start, stop)``."""
     source = inputs.global_indices.reshape(-1)[start:stop].to(_I64)
@@ -371,8 +378,8 @@ def _copy_rows(inputs: GatherInputs) -> None:
     device = inputs.device
     round_rows = max(1, COPY_ROUND_BYTES // (words * hot.element_size()))
     last = torch.full((hot_rows + 1,), -1, dtype=torch.int32, device=device)  # + a spill row for non-writers
-    for start in range(0, total, round_rows):
-        stop = min(start + round_rows, total)
+    for start in range(0, total, PLAN_ROUND_ENTRIES):  # index arrays only: larger rounds, fewer launches
+        stop = min(start + PLAN_ROUND_ENTRIES, total)
         _, destination, write = _plan_entries(inputs, start, stop)
         entries = torch.arange(start, stop, dtype=torch.int32, device=device)
         last.scatter_reduce_(0, torch.where(write, destination, hot_rows), entries, reduce="amax")
@@ -435,8 +442,8 @@ def named_tables(inputs: InvalidateInputs) -> torch.Tensor:
         UnknownTableError: on the CPU device.
     """
     pointers = inputs.device_global_indices_ptrs
-    known = torch.tensor(inputs.addresses, dtype=_I64).to(inputs.device)
-    names = pointers[:, None] == known[None, :]
+    known = tables.address_tensor(inputs.addresses, inputs.device)
+    names = (pointers[:, None] == known[None, :]) & bool(inputs.addresses)
 
     def error(index: int) -> UnknownTableError:
         return UnknownTableError(int(pointers[index]), index, f"is no registered [{inputs.num_state_rows}, "

@@ -23,7 +23,7 @@ import torch
 
 from hisparse_hal.errors import UnionOverflowError, UnknownTableError, UnsupportedCapabilityError
 
-from . import device_checks
+from . import device_checks, tables
 from .arguments import GatherInputs, InvalidateInputs, ResolveInputs
 from .signatures import VllmOps, vllm_ops
 
@@ -303,11 +303,9 @@ def gather(inputs: GatherInputs) -> None:
 
 
 def _known_addresses(inputs: InvalidateInputs) -> torch.Tensor:
-    """The registered candidates' addresses as an int64 tensor on the ops' device (at least one element)."""
-    addresses = list(inputs.addresses) or [0]
-    if inputs.device.type == "meta":
-        return torch.empty(len(addresses), dtype=torch.int64, device="meta")
-    return torch.tensor(addresses, dtype=torch.int64).to(inputs.device)
+    """The registered candidates' addresses as an int64 tensor on the ops' device (at least one element),
+    built once per address list (:func:`tables.address_tensor`)."""
+    return tables.address_tensor(inputs.addresses, inputs.device)
 
 
 def plan_invalidate_written_slots(inputs: InvalidateInputs, known: torch.Tensor | None = None) -> list[Launch]:
