@@ -25,7 +25,16 @@ from . import SUITE_VERSION
 from .expectations import Expectations, backend_architectures, load_expectations
 from .junit import CAPABILITY_SKIP_PREFIX, PROBE_GATE_SKIP_PREFIX
 from .recipe import BackendRecipe, vendor_expectations_path
-from .report import AREAS, ResultCollector, area_of, build_results, render_summary, suite_test_id, write_report
+from .report import (
+    AREAS,
+    ResultCollector,
+    area_of,
+    build_results,
+    render_summary,
+    selection_text,
+    suite_test_id,
+    write_report,
+)
 
 pytest_plugins = ("hisparse_hal.conformance.fixtures",)
 
@@ -35,6 +44,38 @@ GATE_WAIT_S = 900.0
 
 class UnmatchedExpectationWarning(UserWarning):
     """An expectations entry matched no test of the suite (a stale id or a typo)."""
+
+
+class Selection:
+    """Which part of the suite a run selected: ``-k``, ``-m``, the runner's further pytest arguments, and the
+    counts of selected and deselected tests (tests a crash-resumed run already recorded are not deselected)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.keyword = config.getoption("keyword", "") or ""
+        self.markexpr = config.getoption("markexpr", "") or ""
+        self.pytest_args = config.getoption("hal_pytest_args") or ""
+        self.selected_ids: list[str] = []
+        self.deselected = 0
+
+    def narrowing_args(self) -> list[str]:
+        """Further pytest arguments that run less than the suite: paths, node ids, ``--deselect`` and the like."""
+        import shlex
+
+        narrowing = ("--deselect", "--ignore", "--ignore-glob", "--lf", "--last-failed", "--sw", "--stepwise",
+                     "--stepwise-skip", "-x", "--exitfirst", "--maxfail")
+        try:
+            words = shlex.split(self.pytest_args)
+        except ValueError:
+            return [self.pytest_args]
+        return [w for w in words if not w.startswith("-") or w.split("=", 1)[0] in narrowing]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``selection`` entry of ``results.json``."""
+        areas = sorted({area_of(i) for i in self.selected_ids}, key=lambda a: AREAS.index(a) if a in AREAS else 99)
+        full = not (self.keyword or self.markexpr or self.deselected or self.narrowing_args())
+        return {"keyword": self.keyword or None, "markexpr": self.markexpr or None,
+                "pytest_args": self.pytest_args or None, "selected": len(self.selected_ids),
+                "deselected": self.deselected, "areas": areas, "full_suite": full}
 
 
 class ConformanceState:
@@ -55,8 +96,10 @@ class ConformanceState:
         self.collector = ResultCollector()
         self.gate_file: str | None = getattr(config, "workerinput", {}).get("hal_gate_file")
         self.pending_probe: set[str] | None = None
+        self.finished_incomplete: dict[str, Any] | None = None
         self.environment: dict[str, Any] | None = None
         self.started = time.time()
+        self.selection = Selection(config)
         self.resumed: set[str] = set()
         resume = config.getoption("hal_resume")
         if resume:
@@ -162,6 +205,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--hal-strict", action="store_true", default=False, help="expectation entries that match no test fail the run"
     )
+    group.addoption("--hal-pytest-args", default="", metavar="ARGS",
+                    help="(set by the runner) the further pytest arguments the user gave, recorded in the report")
     group.addoption("--hal-resume", default=None, metavar="RESULTS_JSON",
                     help="(used by the runner after a crash) keep these results and run only the tests they lack")
 
@@ -330,6 +375,15 @@ class RunHooks:
                 if not state.pending_probe and not state.probe_failures:
                     _write_gate(state, [])
 
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        resumed = self.state.resumed
+        self.state.selection.deselected += sum(1 for item in items if suite_test_id(item.nodeid) not in resumed)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if not self.state.selection.selected_ids:  # under xdist the controller learns them from the first worker
+            ids = [suite_test_id(item.nodeid) for item in session.items]
+            self.state.selection.selected_ids = ids + sorted(self.state.resumed)  # a resumed run: both parts
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         state = self.state
@@ -340,6 +394,8 @@ class RunHooks:
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         state = self.state
+        if not state.selection.selected_ids:
+            state.selection.selected_ids = [suite_test_id(nodeid) for nodeid in ids] + sorted(state.resumed)
         if state.pending_probe is None:
             state.pending_probe = {nodeid for nodeid in ids if area_of(nodeid) == "probe"}
             if not state.pending_probe:
@@ -349,6 +405,8 @@ class RunHooks:
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         state = self.state
         output = getattr(node, "workeroutput", {}) or {}
+        if "hal_deselected" in output:  # every worker collects the same suite: one worker's count is the run's
+            state.selection.deselected = int(output["hal_deselected"])
         if output.get("hal_backend_facts") and not state.backend_facts:
             state.backend_facts = json.loads(output["hal_backend_facts"])
         for text in json.loads(output.get("hal_unmatched", "[]")):
@@ -357,7 +415,8 @@ class RunHooks:
 
 
 # ------------------------------------------------------------------------------------------ finish
-def _document(state: ConformanceState, running: str | None = None) -> dict[str, Any]:
+def _document(state: ConformanceState, running: str | None = None,
+              incomplete: dict[str, Any] | None = None) -> dict[str, Any]:
     if state.environment is None:
         state.environment = environment_facts(state.recipe)  # probes once, not once per test
     facts = dict(state.environment)
@@ -373,8 +432,23 @@ def _document(state: ConformanceState, running: str | None = None) -> dict[str, 
         facts,
         state.collector.results(),
         {"expectations": {"file": state.expectations_path, "strict": state.strict, "unmatched": state.unmatched},
-         **({"incomplete": {"running": running}} if running else {})},
+         "selection": state.selection.as_dict(),
+         **({"incomplete": {"running": running, "reason": "the run is in progress, or its process died"}}
+            if running else {}),
+         **({"incomplete": incomplete} if incomplete else {})},
     )
+
+
+def _unfinished(state: ConformanceState, session: pytest.Session) -> dict[str, Any] | None:
+    """Why the run ended before every selected test had an outcome (None: it did not)."""
+    if session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        return {"reason": "the run was interrupted (SIGINT or SIGTERM) before every selected test ran"}
+    selected = set(state.selection.selected_ids) - state.resumed
+    missing = selected - {r.id for r in state.collector.results()}
+    if selected and missing:
+        return {"reason": f"the run stopped with {len(missing)} of {len(selected)} selected tests not run "
+                          "(-x, --maxfail or an internal error)"}
+    return None
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -383,11 +457,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _is_worker(config):
         config.workeroutput["hal_backend_facts"] = json.dumps(state.backend_facts, default=str)  # type: ignore[attr-defined]
         config.workeroutput["hal_unmatched"] = json.dumps(state.unmatched)  # type: ignore[attr-defined]
+        config.workeroutput["hal_deselected"] = state.selection.deselected  # type: ignore[attr-defined]
         return
     if state.strict and state.unmatched and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    state.finished_incomplete = _unfinished(state, session)
     if state.report_dir:
-        write_report(state.report_dir, _document(state))
+        write_report(state.report_dir, _document(state, incomplete=state.finished_incomplete))
     if state.gate_file and Path(state.gate_file).exists():
         Path(state.gate_file).unlink()
 
@@ -396,11 +472,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     state = state_of(config)
     if _is_worker(config):
         return
-    doc = _document(state)
+    doc = _document(state, incomplete=state.finished_incomplete)
     terminalreporter.section("hisparse-hal conformance")
     for line in render_summary(doc).splitlines():
-        if line.startswith("|") or line.startswith("# "):
+        if line.startswith(("|", "# ", "**INCOMPLETE")):
             terminalreporter.write_line(line)
+    terminalreporter.write_line(selection_text(doc.get("selection")))
     if state.unmatched:
         verb = "FAIL (--hal-strict)" if state.strict else "warning"
         for text in state.unmatched:
