@@ -120,7 +120,7 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
 
     from .scenario import FaultPlan, ScenarioConfig, run_scenario
     from .scenario.arguments import validate
-    from .scenario.pool import sweep_stale_pools
+    from .shm_sweep import sweep_shared_files
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -130,8 +130,8 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
     )
     validate(config, args.json)
     select_backend(args.backend)  # an unknown or unavailable name fails here, with the probe table (exit 2)
-    for path in sweep_stale_pools():
-        print(f"hisparse-hal scenario: removed {path}, a shared pool left by a run that was killed", file=sys.stderr)
+    for path in sweep_shared_files():
+        print(f"hisparse-hal scenario: removed {path}, left in shared memory by a run that was killed", file=sys.stderr)
     bar = None
     if sys.stdout.isatty():
         from tqdm import tqdm
@@ -147,6 +147,7 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+        sweep_shared_files()  # the event files of ranks the driver had to SIGKILL
     print(f"backend: {result.backend}; "
           f"sync: {result.sync} ({result.sync_reason})")
     print(f"{config.ranks} ranks x {config.steps} steps in {result.wall_s:.1f} s wall; "
@@ -307,8 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (HalError, OSError) as exc:
         if debug:
             traceback.print_exc()
-        what = str(exc) if isinstance(exc, HalError) else f"{type(exc).__name__}: {exc}"
-        print(f"{prefix}: {what} (--debug shows where)", file=sys.stderr)
+        what = str(exc) if isinstance(exc, HalError) else f"{type(exc).__name__}: {exc} (--debug shows where)"
+        print(f"{prefix}: {what}", file=sys.stderr)
         return 2
 
 

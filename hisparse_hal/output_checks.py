@@ -2,7 +2,8 @@
 that every optional module a flag needs imports, so a mistyped path or a missing extra fails in a second,
 not after a long run.
 
-Invariant: a check creates at most the folders it was asked to write into; it never writes an output file.
+Invariant: a check creates at most the folders it was asked to write into (and removes the scratch file it
+writes to prove a folder writable); it never writes an output file.
 """
 
 from __future__ import annotations
@@ -33,9 +34,20 @@ def writable_directory(path: str | os.PathLike[str], option: str) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidArgumentError(f"{option} {str(path)!r} cannot be created: {exc.strerror or exc}") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InvalidArgumentError(f"{option} {str(path)!r} is not writable by this user")
+    _probe_write(folder, f"{option} {str(path)!r}")
     return folder
+
+
+def _probe_write(folder: Path, what: str) -> None:
+    """Create and remove a scratch file in ``folder``: permissions alone do not tell (root, read-only mounts,
+    ``/proc``)."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".hisparse-write-check-"):
+            pass
+    except OSError as exc:
+        raise InvalidArgumentError(f"{what}: cannot write in {str(folder)!r}: {exc.strerror or exc}") from None
 
 
 def writable_file(path: str | os.PathLike[str], option: str) -> Path:
@@ -47,8 +59,12 @@ def writable_file(path: str | os.PathLike[str], option: str) -> Path:
     target = Path(path)
     if str(path).endswith(os.sep) or target.is_dir():
         raise InvalidArgumentError(f"{option} {str(path)!r} is a folder; give a file name")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise InvalidArgumentError(f"{option} {str(path)!r} exists and is not writable by this user")
+    if target.exists():
+        try:
+            with open(target, "r+b"):
+                pass
+        except OSError as exc:
+            raise InvalidArgumentError(f"{option} {str(path)!r} cannot be written: {exc.strerror or exc}") from None
     parent = target.parent if str(target.parent) else Path(".")
     if parent.exists() and not parent.is_dir():
         raise InvalidArgumentError(f"{option} {str(path)!r}: {str(parent)!r} is a file, not a folder")
@@ -58,8 +74,7 @@ def writable_file(path: str | os.PathLike[str], option: str) -> Path:
         raise InvalidArgumentError(
             f"{option} {str(path)!r}: its folder cannot be created: {exc.strerror or exc}"
         ) from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InvalidArgumentError(f"{option} {str(path)!r}: the folder {str(parent)!r} is not writable by this user")
+    _probe_write(parent, f"{option} {str(path)!r}")
     return target
 
 

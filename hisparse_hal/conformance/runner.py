@@ -103,7 +103,7 @@ def pytest_arguments(args: argparse.Namespace, recipe: BackendRecipe) -> list[st
     if args.timeout and importlib.util.find_spec("pytest_timeout") is not None:
         argv += ["--timeout", str(args.timeout)]
     if args.pytest_args:
-        argv += ["--hal-pytest-args", args.pytest_args]
+        argv.append(f"--hal-pytest-args={args.pytest_args}")  # "=": the value may start with "-"
     try:
         argv += shlex.split(args.pytest_args or "")
     except ValueError as exc:
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         includes the probe table), 130 when the run was interrupted.
     """
     from hisparse_hal.output_checks import require_module
-    from hisparse_hal.scenario.pool import sweep_stale_pools
+    from hisparse_hal.shm_sweep import sweep_shared_files
 
     for module in ("pytest", "hypothesis"):
         require_module(module, "test", "hisparse-hal conformance")
@@ -147,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
     except BackendUnavailableError as exc:
         print(f"hisparse-hal conformance: {exc}", file=sys.stderr)
         return 2
-    for path in sweep_stale_pools():
-        print(f"hisparse-hal conformance: removed {path}, a scenario pool left by a run that was killed",
+    for path in sweep_shared_files():
+        print(f"hisparse-hal conformance: removed {path}, left in shared memory by a run that was killed",
               file=sys.stderr)
     print(f"hisparse-hal conformance: testing {recipe.describe()}", file=sys.stderr)
     print("  python -P -m pytest " + shlex.join(argv), file=sys.stderr)
@@ -156,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.report:
         argv = [*argv, "--hal-report", str(directory)]
     code, interrupted_by = _run_until_done(argv, directory)
-    for path in sweep_stale_pools():  # what a test process ended by force left behind
-        print(f"hisparse-hal conformance: removed {path}, a scenario pool the ended test process left",
+    for path in sweep_shared_files():  # what a test process ended by force left behind
+        print(f"hisparse-hal conformance: removed {path}, left in shared memory by an ended test process",
               file=sys.stderr)
     marked = None
     if interrupted_by:
