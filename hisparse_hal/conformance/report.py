@@ -187,8 +187,7 @@ def overall_verdict(doc: Mapping[str, Any]) -> str:
     if doc.get("incomplete"):
         return "INCOMPLETE"
     counts_verdict = verdict(doc["summary"])
-    selection = doc.get("selection")
-    if selection is not None and not selection.get("full_suite", False):
+    if not (doc.get("selection") or {}).get("full_suite", False):  # unrecorded: not taken for the full suite
         return f"{counts_verdict} (partial)"
     return counts_verdict
 
