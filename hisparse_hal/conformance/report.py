@@ -183,11 +183,12 @@ def verdict(counts: Mapping[str, int]) -> str:
 
 def overall_verdict(doc: Mapping[str, Any]) -> str:
     """The run's verdict: INCOMPLETE for a run that did not finish, else :func:`verdict` of its counts,
-    with ``(partial)`` after it when the run was a selection of the suite."""
+    a PASS with ``(partial)`` after it when the run was a selection of the suite."""
     if doc.get("incomplete"):
         return "INCOMPLETE"
     counts_verdict = verdict(doc["summary"])
-    if not (doc.get("selection") or {}).get("full_suite", False):  # unrecorded: not taken for the full suite
+    full = (doc.get("selection") or {}).get("full_suite", False)  # unrecorded: not taken for the full suite
+    if counts_verdict == "PASS" and not full:
         return f"{counts_verdict} (partial)"
     return counts_verdict
 
