@@ -64,7 +64,8 @@ def _switch(name: str) -> Callable[[Mapping[str, str]], None]:
 
 
 _CHECKS: tuple[Callable[[Mapping[str, str]], None], ...] = (
-    _cache_ops, _event_timeout, _pin_chunk, _cuda_batch, _switch("HISPARSE_HAL_VLLM_OPS"), _switch("HISPARSE_HAL_DEBUG"),
+    _cache_ops, _event_timeout, _pin_chunk, _cuda_batch,
+    _switch("HISPARSE_HAL_VLLM_OPS"), _switch("HISPARSE_HAL_DEBUG"),
 )
 
 

@@ -25,8 +25,12 @@ def _progress(total: int) -> Iterator[Callable[[KernelFacts], None]]:
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="compile", file=sys.stderr, dynamic_ncols=True)
+        def advance(facts: KernelFacts) -> None:
+            bar.set_postfix_str(f"{facts.name} {facts.target}", refresh=False)
+            bar.update(1)
+
         try:
-            yield lambda facts: (bar.set_postfix_str(f"{facts.name} {facts.target}", refresh=False), bar.update(1))
+            yield advance
         finally:
             bar.close()
         return

@@ -161,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     marked = None
     if interrupted_by:
-        marked = mark_incomplete(directory, f"the run was interrupted ({interrupted_by}) before every selected test ran")
+        why = f"the run was interrupted ({interrupted_by}) before every selected test ran"
+        marked = mark_incomplete(directory, why)
         code = INTERRUPTED
     if args.junit and (marked or not interrupted_by):
         code = _write_junit(args.junit, directory, code)

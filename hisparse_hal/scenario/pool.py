@@ -2,8 +2,9 @@
 
 Invariant: the file is unlinked as soon as every rank has mapped it, and its name carries the pid of the
 process that created it, so a file left by a creator that was SIGKILLed before that moment is found and
-removed by :func:`sweep_stale_pools` once that creator is dead; each rank holds a POSIX lock on its own byte of the file while it lives, so any rank can tell,
-without a timeout, that another one is gone (the kernel drops a dead process's locks).
+removed by :func:`sweep_stale_pools` once that creator is dead; each rank holds a POSIX lock on its own byte
+of the file while it lives, so any rank can tell, without a timeout, that another one is gone (the kernel
+drops a dead process's locks).
 """
 
 from __future__ import annotations
