@@ -98,7 +98,7 @@ def pytest_arguments(args: argparse.Namespace, recipe: BackendRecipe) -> list[st
         argv += ["-k", args.keyword]
     if args.numprocesses:
         if importlib.util.find_spec("xdist") is None:
-            raise InvalidArgumentError("-n needs pytest-xdist: pip install 'hisparse-hal[test]'")
+            raise InvalidArgumentError("-n needs pytest-xdist: pip install -e '.[test]' from the checkout")
         argv += ["-n", str(args.numprocesses)]
     if args.timeout and importlib.util.find_spec("pytest_timeout") is not None:
         argv += ["--timeout", str(args.timeout)]
