@@ -1,8 +1,7 @@
 """``hisparse-hal bench --plot FILE.png``: swap throughput against block size, ours beside the loop and one copy.
 
 Needs matplotlib (the optional extra ``[plot]``: ``pip install -e '.[plot]'`` from the checkout),
-imported only when a plot is asked for; it
-draws on the non-interactive Agg canvas, so no display is needed.
+imported only when a plot is asked for; it draws on the non-interactive Agg canvas, so no display is needed.
 """
 
 from __future__ import annotations

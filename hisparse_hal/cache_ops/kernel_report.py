@@ -120,7 +120,8 @@ def _triton() -> types.ModuleType:
         import triton
     except ImportError as exc:
         raise UnsupportedCapabilityError(
-            f"hisparse-hal kernels needs triton, which does not import here ({exc}); pip install -e '.[triton]' from the checkout"
+            f"hisparse-hal kernels needs triton, which does not import here ({exc}); "
+            "pip install -e '.[triton]' from the checkout"
         ) from exc
     return triton
 
