@@ -12,6 +12,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
@@ -74,6 +75,9 @@ def _catching(signals: Sequence[int], caught: list[int]) -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         caught.append(signum)
 
+    if threading.current_thread() is not threading.main_thread():  # handlers can be set in the main thread only
+        yield
+        return
     previous = {signum: signal.signal(signum, handler) for signum in signals}
     try:
         yield
@@ -87,7 +91,8 @@ def run_in_group(
 ) -> GroupRun:
     """Run ``argv`` in a new process group and wait for it; pass an interrupt on to the whole group.
 
-    Must be called from the main thread (it installs SIGINT and SIGTERM handlers while the child runs).
+    From the main thread it handles SIGINT and SIGTERM while the child runs; from another thread it cannot, and
+    only ends what is left of the group when the child exits.
 
     Args:
         argv: the command.

@@ -168,3 +168,20 @@ def test_pytest_args_may_start_with_a_dash(tmp_path):
 def test_a_keyword_that_matches_nothing_is_a_usage_error():
     done = _run("conformance", "--backend", "cpu", "-k", "no_such_test_anywhere", "--expectations", "none")
     assert done.returncode == 2
+
+
+def test_kernels_reports_progress_off_a_terminal(capsys):
+    from types import SimpleNamespace
+
+    from hisparse_hal.cache_ops.kernels_command import _progress
+
+    with _progress(4) as on_result:
+        for i in range(4):
+            on_result(SimpleNamespace(name=f"k[{i}]", target="sm_90"))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "  compiled 1/4 (last: k[0] for sm_90)" and lines[-1] == "  compiled 4/4 (last: k[3] for sm_90)"
+
+
+def test_an_unknown_hisparse_variable_is_named_in_a_warning():
+    done = _run("--debug", "bench", "--repeats", "0", env={"HISPARSE_HAL_BAKEND": "cpu"})
+    assert "warning: HISPARSE_HAL_BAKEND is set but hisparse-hal reads no such variable" in done.stderr
