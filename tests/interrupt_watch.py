@@ -11,6 +11,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -94,8 +95,10 @@ def interrupt(args: list[str], delay_s: float, signum: int = signal.SIGINT, *, t
 
     watcher = threading.Thread(target=poll, daemon=True)
     watcher.start()
-    child = subprocess.Popen([script(), *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
+    # Output goes to files, not pipes: a full pipe would stall the command before the signal is sent.
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    child = subprocess.Popen([script(), *args], env=env, cwd=cwd, stdout=out, stderr=err, text=True,
+                             start_new_session=True)
     signalled = False
     try:
         child.wait(timeout=delay_s)
@@ -106,8 +109,13 @@ def interrupt(args: list[str], delay_s: float, signum: int = signal.SIGINT, *, t
         else:
             child.send_signal(signum)
     try:
-        stdout, stderr = child.communicate(timeout=timeout)
+        child.wait(timeout=timeout)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     finally:
+        out.close()
+        err.close()
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
         time.sleep(0.3)

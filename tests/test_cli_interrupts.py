@@ -85,6 +85,7 @@ def test_a_pool_left_by_a_killed_run_is_removed_by_the_next_run(tmp_path):
 
 
 @pytest.mark.skipif(SOAK <= 0, reason="the interrupt soak runs with HISPARSE_SOAK_INTERRUPTS=N")
+@pytest.mark.timeout(120 * SOAK + 60)
 def test_soak_interrupts_at_random_moments(tmp_path):
     rng = random.Random(int(os.environ.get("HISPARSE_SOAK_SEED", "24")))
     commands = [
