@@ -110,3 +110,11 @@ def test_soak_interrupts_at_random_moments(tmp_path):
               f"rc {run.returncode}, leftovers {run.leftovers}, survivors {run.survivors}", flush=True)
         _check_interrupted(run, report if conformance else None)
     print(f"soak done: {counts}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_while_the_command_starts_is_one_line(signum):
+    run = interrupt(["info"], delay_s=0.3, signum=signum)
+    assert run.returncode == 130 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert run.stderr.strip() == f"hisparse-hal: interrupted ({signal.Signals(signum).name}) while starting; " \
+                                 "nothing was done"
