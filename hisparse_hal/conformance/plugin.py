@@ -380,7 +380,7 @@ class RunHooks:
         self.state.selection.deselected += sum(1 for item in items if suite_test_id(item.nodeid) not in resumed)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if not self.state.selection.selected_ids:  # under xdist the controller learns them from the first worker
+        if session.items and not self.state.selection.selected_ids:  # xdist: the controller learns them from a worker
             ids = [suite_test_id(item.nodeid) for item in session.items]
             self.state.selection.selected_ids = ids + sorted(self.state.resumed)  # a resumed run: both parts
 
