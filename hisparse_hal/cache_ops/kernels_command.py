@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     """``hisparse-hal kernels``: exit 0 when every case compiled for every target, else 1 (2: bad targets)."""
     from hisparse_hal.output_checks import require_module, writable_directory, writable_file
 
-    require_module("triton", "triton", "hisparse-hal kernels")
+    require_module("triton", "triton", "compiling the kernels")
     if args.json:
         writable_file(args.json, "--json")
     if args.dump:

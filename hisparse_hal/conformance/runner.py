@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from hisparse_hal.shm_sweep import sweep_shared_files
 
     for module in ("pytest", "hypothesis"):
-        require_module(module, "test", "hisparse-hal conformance")
+        require_module(module, "test", "the conformance suite")
     if args.numprocesses:
         require_module("xdist", "test", "conformance -n")
     check_outputs(args)
