@@ -177,7 +177,7 @@ def test_kernels_reports_progress_off_a_terminal(capsys):
 
     with _progress(4) as on_result:
         for i in range(4):
-            on_result(SimpleNamespace(name=f"k[{i}]", target="sm_90"))
+            on_result(SimpleNamespace(name=f"k[{i}]", target="sm_90"))  # type: ignore[arg-type]
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "  compiled 1/4 (last: k[0] for sm_90)" and lines[-1] == "  compiled 4/4 (last: k[3] for sm_90)"
 
