@@ -282,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in raw if not a.startswith("-")), "hisparse-hal")
     prefix = f"hisparse-hal {command}" if command != "hisparse-hal" else "hisparse-hal"
     debug = _debug_wanted(raw)
-    if threading_is_main():
+    if _is_main_thread():
         signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C: every cleanup runs
     try:
         args = build_parser().parse_args(_joined_option_values(raw))
@@ -313,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def threading_is_main() -> bool:
+def _is_main_thread() -> bool:
     """Whether this is the main thread (signal handlers can only be installed there)."""
     import threading
 
