@@ -1,8 +1,10 @@
 """Run a child command in its own process group, so an interrupt can be passed on and nothing outlives it.
 
 Invariant: when :func:`run_in_group` returns, no process of the child's group is alive. On SIGINT or SIGTERM
-the child's whole group gets SIGINT (what a terminal's Ctrl-C sends), then ``grace_s`` seconds to run its
-cleanup (pytest's session finish, a scenario driver removing its pool), then SIGTERM and SIGKILL.
+the child itself gets SIGINT (what a terminal's Ctrl-C sends) and ``grace_s`` seconds to run its cleanup
+(pytest's session finish, which stops xdist workers; a scenario driver ending its ranks and removing its pool);
+then its whole group gets SIGTERM and SIGKILL. Only the child is interrupted: its own children (workers, ranks,
+peers) are its to stop, and none of them prints a ``KeyboardInterrupt`` traceback from the middle of its start-up.
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ def _catching(signals: Sequence[int], caught: list[int]) -> Iterator[None]:
 
 
 def run_in_group(
-    argv: Sequence[str], env: Mapping[str, str] | None = None, grace_s: float = DEFAULT_GRACE_S
+    argv: Sequence[str], env: Mapping[str, str] | None = None, grace_s: float = DEFAULT_GRACE_S,
+    start_with_sigint_blocked: bool = False,
 ) -> GroupRun:
     """Run ``argv`` in a new process group and wait for it; pass an interrupt on to the whole group.
 
@@ -98,6 +101,8 @@ def run_in_group(
         argv: the command.
         env: its environment (default: this process's).
         grace_s: seconds the group has, after an interrupt, to finish before SIGTERM and SIGKILL.
+        start_with_sigint_blocked: the child starts with SIGINT blocked and unblocks it once it can handle it
+            (the conformance plugin does, when pytest's session starts); an interrupt before that waits.
 
     Returns:
         The child's exit status, and the signal that interrupted the run if one did.
@@ -108,7 +113,12 @@ def run_in_group(
     caught: list[int] = []
     forced = False
     with _catching((signal.SIGINT, signal.SIGTERM), caught):
-        child = subprocess.Popen(list(argv), env=dict(env) if env is not None else None, start_new_session=True)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if start_with_sigint_blocked else None
+        try:
+            child = subprocess.Popen(list(argv), env=dict(env) if env is not None else None, start_new_session=True)
+        finally:
+            if blocked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         pgid = child.pid
         forwarded = 0
         deadline: float | None = None
@@ -119,8 +129,9 @@ def run_in_group(
             except subprocess.TimeoutExpired:
                 pass
             if len(caught) > forwarded:
-                if forwarded == 0:  # first interrupt: let the group clean up
-                    _signal_group(pgid, signal.SIGINT)
+                if forwarded == 0:  # first interrupt: let the child clean up
+                    with contextlib.suppress(ProcessLookupError):
+                        child.send_signal(signal.SIGINT)
                     deadline = time.monotonic() + grace_s
                 else:  # a second interrupt: do not wait any longer
                     deadline = time.monotonic()

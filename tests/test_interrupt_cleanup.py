@@ -135,3 +135,22 @@ def test_the_sweep_judges_old_style_names_by_the_pids_their_ranks_recorded(tmp_p
     fresh = old_style("e" * 32, [])
     assert sweep_stale_pools(str(tmp_path)) == [str(dead)]
     assert live.exists() and fresh.exists()
+
+
+def test_a_child_started_with_sigint_blocked_gets_the_interrupt_when_it_unblocks_it(tmp_path):
+    marker = tmp_path / "child"
+    code = textwrap.dedent(f"""
+        import signal, time
+        open({str(marker) + '.pids'!r}, "w").write("0 0")
+        time.sleep(1.0)  # start-up: an interrupt now must wait
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
+            time.sleep(30)
+        except KeyboardInterrupt:
+            open({str(marker) + '.cleaned'!r}, "w").write("after unblocking")
+    """)
+    thread = _interrupt_when_started(marker, signal.SIGINT)
+    ended = run_in_group([sys.executable, "-c", code], grace_s=10, start_with_sigint_blocked=True)
+    thread.join()
+    assert ended.interrupted_by == "SIGINT" and not ended.forced and ended.returncode == 0
+    assert (tmp_path / "child.cleaned").read_text() == "after unblocking"

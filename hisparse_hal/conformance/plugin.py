@@ -227,6 +227,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(RunHooks(state), "hisparse-hal-conformance-run")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The runner starts pytest with SIGINT blocked, so an interrupt during start-up (imports) prints no
+    traceback; from here pytest handles it (the report is written and marked INCOMPLETE)."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def state_of(config: pytest.Config) -> ConformanceState:
     """The run's :class:`ConformanceState`."""
     return config.stash[STATE_KEY]

@@ -197,7 +197,8 @@ def _run_until_done(argv: list[str], directory: Path) -> tuple[int, str | None]:
     resume: list[str] = []
     while True:
         # The child imports the package this process imported, never a source folder in the working directory.
-        ended = run_in_group(python_command(module="pytest", args=[*argv, *resume]), env=python_environment())
+        ended = run_in_group(python_command(module="pytest", args=[*argv, *resume]), env=python_environment(),
+                             start_with_sigint_blocked=True)  # the plugin unblocks it when the session starts
         code = ended.returncode
         if ended.interrupted_by:
             return INTERRUPTED, ended.interrupted_by
