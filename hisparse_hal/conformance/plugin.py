@@ -97,6 +97,7 @@ class ConformanceState:
         self.gate_file: str | None = getattr(config, "workerinput", {}).get("hal_gate_file")
         self.pending_probe: set[str] | None = None
         self.finished_incomplete: dict[str, Any] | None = None
+        self.running_now: set[str] = set()  # tests started and not finished (several under xdist)
         self.environment: dict[str, Any] | None = None
         self.started = time.time()
         self.selection = Selection(config)
@@ -363,10 +364,14 @@ class RunHooks:
 
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         state = self.state
+        state.running_now.add(suite_test_id(nodeid))
         if not _is_worker(state.config) and state.report_dir:
             # Kept current so that a crash (a segfault in a vendor library) still leaves a report naming
             # the test that was running; the runner completes it (see runner.complete_crashed_report).
             write_report(state.report_dir, _document(state, running=suite_test_id(nodeid)))
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        self.state.running_now.discard(suite_test_id(nodeid))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         state = self.state
@@ -451,7 +456,11 @@ def _document(state: ConformanceState, running: str | None = None,
 def _unfinished(state: ConformanceState, session: pytest.Session) -> dict[str, Any] | None:
     """Why the run ended before every selected test had an outcome (None: it did not)."""
     if session.exitstatus == pytest.ExitCode.INTERRUPTED:
-        return {"reason": "the run was interrupted (SIGINT or SIGTERM) before every selected test ran"}
+        cut = sorted(state.running_now)
+        for test_id in cut:  # its setup may have passed, the test did not: it has no outcome
+            state.collector.discard(test_id)
+        return {"reason": "the run was interrupted (SIGINT or SIGTERM) before every selected test ran",
+                **({"running": ", ".join(cut)} if cut else {})}
     selected = set(state.selection.selected_ids) - state.resumed
     missing = selected - {r.id for r in state.collector.results()}
     if selected and missing:

@@ -131,6 +131,10 @@ class ResultCollector:
         for t in tests:
             self._results[t["id"]] = TestResult(t["id"], t["area"], t["outcome"], float(t["duration"]), t["reason"])
 
+    def discard(self, test_id: str) -> None:
+        """Forget a test that did not finish (an interrupted run): it gets no outcome."""
+        self._results.pop(test_id, None)
+
     def results(self) -> list[TestResult]:
         """Results sorted by area (tier order), then id."""
         order = {area: n for n, area in enumerate(AREAS + ("other",))}
