@@ -208,6 +208,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--hal-pytest-args", default="", metavar="ARGS",
                     help="(set by the runner) the further pytest arguments the user gave, recorded in the report")
+    group.addoption("--hal-deferred-interrupts", action="store_true", default=False,
+                    help="(set by the runner, which starts pytest with SIGINT blocked) take SIGINT only between "
+                    "the end of collection and the session's end")
     group.addoption("--hal-resume", default=None, metavar="RESULTS_JSON",
                     help="(used by the runner after a crash) keep these results and run only the tests they lack")
 
@@ -228,13 +231,26 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(RunHooks(state), "hisparse-hal-conformance-run")
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """The runner starts pytest with SIGINT blocked, so an interrupt during start-up (imports) prints no
-    traceback; from here pytest handles it (the report is written and marked INCOMPLETE)."""
+# The runner starts pytest with SIGINT blocked: an interrupt while modules import (pytest's plugins, the test
+# modules, hypothesis) would leave half-imported modules and tracebacks. It is unblocked once the tests are
+# collected (the xdist controller collects nothing: once its session starts) and blocked again when the session
+# finishes, so that writing the report cannot be cut short; an interrupt in between is pytest's to handle.
+# Only when the runner says so (--hal-deferred-interrupts): other pytest processes keep their signal mask.
+def _accept_interrupts(config: pytest.Config, accept: bool) -> None:
     import signal
 
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if config.getoption("hal_deferred_interrupts", False):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK if accept else signal.SIG_BLOCK, {signal.SIGINT})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if session.config.getoption("numprocesses", None) and not _is_worker(session.config):
+        _accept_interrupts(session.config, True)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _accept_interrupts(session.config, True)
 
 
 def state_of(config: pytest.Config) -> ConformanceState:
@@ -369,6 +385,10 @@ class RunHooks:
             # Kept current so that a crash (a segfault in a vendor library) still leaves a report naming
             # the test that was running; the runner completes it (see runner.complete_crashed_report).
             write_report(state.report_dir, _document(state, running=suite_test_id(nodeid)))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        _accept_interrupts(session.config, False)  # see _accept_interrupts
 
     def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
         self.state.running_now.discard(suite_test_id(nodeid))

@@ -160,17 +160,32 @@ def run(args: argparse.Namespace) -> int:
         print(f"hisparse-hal conformance: removed {path}, left in shared memory by an ended test process",
               file=sys.stderr)
     marked = None
-    if interrupted_by:
+    finished = interrupted_by is not None and _report_is_final(directory)
+    if interrupted_by and not finished:
         why = f"the run was interrupted ({interrupted_by}) before every selected test ran"
         marked = mark_incomplete(directory, why)
+    if interrupted_by:
         code = INTERRUPTED
-    if args.junit and (marked or not interrupted_by):
+    if args.junit and (marked or finished or not interrupted_by):
         code = _write_junit(args.junit, directory, code)
     if interrupted_by:
-        where = (f"partial report, marked INCOMPLETE: {directory / 'summary.md'}" if marked
-                 else "no test had started, so no report was written")
+        if finished:
+            where = f"every selected test had run; the report is complete: {directory / 'summary.md'}"
+        elif marked:
+            where = f"partial report, marked INCOMPLETE: {directory / 'summary.md'}"
+        else:
+            where = "no test had started, so no report was written"
         print(f"hisparse-hal conformance: interrupted ({interrupted_by}); {where}", file=sys.stderr)
     return code
+
+
+def _report_is_final(directory: Path) -> bool:
+    """Whether the folder holds the report of a finished run (written at the session's end, not a checkpoint)."""
+    try:
+        doc = json.loads((directory / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return "incomplete" not in doc
 
 
 def _write_junit(path: str, directory: Path, code: int) -> int:
@@ -197,8 +212,8 @@ def _run_until_done(argv: list[str], directory: Path) -> tuple[int, str | None]:
     resume: list[str] = []
     while True:
         # The child imports the package this process imported, never a source folder in the working directory.
-        ended = run_in_group(python_command(module="pytest", args=[*argv, *resume]), env=python_environment(),
-                             start_with_sigint_blocked=True)  # the plugin unblocks it when the session starts
+        command = python_command(module="pytest", args=[*argv, *resume, "--hal-deferred-interrupts"])
+        ended = run_in_group(command, env=python_environment(), start_with_sigint_blocked=True)
         code = ended.returncode
         if ended.interrupted_by:
             return INTERRUPTED, ended.interrupted_by
