@@ -24,6 +24,7 @@ def _clean(run: Interrupted) -> None:
     assert run.leftovers == [], f"left in /dev/shm: {run.leftovers}\n{detail}"
     assert run.survivors == [], f"processes survived: {run.survivors}\n{detail}"
     assert "Traceback" not in run.stderr, detail
+    assert "INTERNALERROR" not in run.stdout + run.stderr, run.stdout[-3000:]
 
 
 def _check_interrupted(run: Interrupted, report: Path | None) -> None:
