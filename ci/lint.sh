@@ -10,7 +10,7 @@ echo "== ruff"
 "$python" -m ruff check .
 
 echo "== mypy"
-"$python" -m mypy -p hisparse_hal
+"$python" -m mypy -p hisparse_hal -m hisparse_hal_launcher
 MYPYPATH="tests" "$python" -m mypy tests ci
 
 echo "== actionlint (.github/workflows)"

@@ -3,7 +3,9 @@
 Usage: ``python ci/merge_reports.py --out DIR REPORT [REPORT ...]`` where each REPORT is a
 ``results.json``, a directory holding one, or ``LABEL=path``. Writes ``DIR/compatibility.md`` (one row
 per machine and backend, one column per area) and ``DIR/compatibility.json`` (the same, for tools).
-Invariant: every input appears as one row; an area a run did not reach reads ``n/a``, never PASS.
+Invariant: every input appears as one row; an area a run did not reach reads ``n/a``, never PASS; a run that
+did not finish reads INCOMPLETE and a selection of the suite reads ``(partial)``, so neither passes for a full
+run. The exit status is 0 only when every row is a full PASS (``--allow-partial``: partial passes count).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hisparse_hal.conformance.report import AREA_TITLES, AREAS, OUTCOMES, verdict
+from hisparse_hal.conformance.report import AREA_TITLES, AREAS, OUTCOMES, overall_verdict, selection_text, verdict
 
 __all__ = ["load_report", "merge", "render_markdown", "main"]
 
@@ -70,7 +72,9 @@ def merge(reports: Sequence[tuple[str | None, dict[str, Any], str]]) -> dict[str
             "torch": facts.get("torch"),
             "suite_version": doc["suite_version"],
             "summary": doc["summary"],
-            "verdict": verdict(doc["summary"]),
+            "verdict": overall_verdict(doc),
+            "partial": bool(doc.get("incomplete")) or not (doc.get("selection") or {}).get("full_suite", False),
+            "selection": selection_text(doc.get("selection")),
             "areas": areas,
             "failing": [t["id"] for t in doc["tests"] if t["outcome"] in ("failed", "xpassed")],
             "source": source,
@@ -102,6 +106,10 @@ def render_markdown(merged: dict[str, Any]) -> str:
         cells = [row["label"], ", ".join(row["architectures"]) or "-", str(row["torch"] or "-"),
                  *(_cell(row["areas"][a]) for a in merged["areas"]), f"**{row['verdict']}**"]
         lines.append("| " + " | ".join(cells) + " |")
+    partial = [row for row in merged["rows"] if row["partial"]]
+    if partial:
+        lines += ["", "## Partial or unfinished runs", ""]
+        lines += [f"- {row['label']}: **{row['verdict']}**; {row['selection']}" for row in partial]
     failing = [row for row in merged["rows"] if row["failing"]]
     if failing:
         lines += ["", "## Failing tests", ""]
@@ -119,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "reports", nargs="+", metavar="REPORT", help="results.json, a directory with one, or LABEL=path"
     )
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="exit 0 when every row passes, even rows that ran a selection of the suite")
     args = parser.parse_args(argv)
     merged = merge([load_report(spec) for spec in args.reports])
     out = Path(args.out)
@@ -126,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "compatibility.json").write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
     (out / "compatibility.md").write_text(render_markdown(merged), encoding="utf-8")
     print(render_markdown(merged))
-    return 0 if all(row["verdict"] == "PASS" for row in merged["rows"]) else 1
+    passing = ("PASS", "PASS (partial)") if args.allow_partial else ("PASS",)
+    return 0 if all(row["verdict"] in passing for row in merged["rows"]) else 1
 
 
 if __name__ == "__main__":

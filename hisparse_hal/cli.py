@@ -1,36 +1,65 @@
-"""The ``hisparse-hal`` command: ``info``, ``conformance``, ``bench``, ``scenario`` and ``vllm-check``.
+"""The ``hisparse-hal`` command: ``info``, ``conformance``, ``bench``, ``kernels``, ``scenario`` and ``vllm-check``.
 
-The library returns values; only this module prints.
+Every subcommand exits with the same codes (:data:`EXIT_CODES`): an error of the package (``HalError``) or of
+the system (``OSError``) is one line on stderr and exit 2, with the traceback only under ``--debug`` or
+``HISPARSE_HAL_DEBUG=1``; SIGINT or SIGTERM is one line and exit 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import traceback
 from collections.abc import Sequence
+from types import FrameType
 
-from .errors import BackendUnavailableError
-from .registry import format_probe_table, probe_backends, select_backend
+from .errors import BackendUnavailableError, HalError, InvalidArgumentError
+from .registry import BACKEND_ENV, format_probe_table, probe_backends, select_backend
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "EXIT_CODES"]
+
+#: The exit codes of every subcommand.
+EXIT_CODES = {0: "success", 1: "tests or checks failed", 2: "usage or environment error",
+              130: "interrupted (SIGINT or SIGTERM)"}
+EPILOG = ("exit status: 0 success; 1 tests or checks failed; 2 usage or environment error (bad option, unwritable "
+          "output, missing extra, bad HISPARSE_HAL_* value, no usable backend); 130 interrupted (SIGINT, SIGTERM). "
+          "--debug (or HISPARSE_HAL_DEBUG=1) shows the traceback of an error.")
+#: What an interrupt of each subcommand leaves behind, for its one line.
+_AFTER_INTERRUPT = {
+    "info": "nothing was written",
+    "bench": "the figures measured so far are lost; no --json or --plot file was written",
+    "kernels": "no --json or --dump output was written",
+    "scenario": "the ranks were stopped and the shared pool removed; no --json file was written",
+    "vllm-check": "nothing was written",
+}
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
     results = probe_backends()
+    requested = args.backend if args.backend is not None else (os.environ.get(BACKEND_ENV) or None)
+    if requested is not None and requested not in {r.name for r in results}:
+        names = [r.name for r in results]
+        where = "--backend" if args.backend is not None else BACKEND_ENV
+        raise InvalidArgumentError(f"unknown backend {requested!r} ({where}); registered: {names}")
     try:
         selection = select_backend(args.backend, results)
         chosen, explanation = selection.chosen.name if selection.chosen else None, selection.explanation
     except BackendUnavailableError as exc:
         chosen, explanation = None, str(exc).split("\n\n", 1)[0]
+    cache_ops = _cache_ops_choice(chosen, results)
     if args.json:
         payload = {
+            "version": _version(),
             "chosen": chosen,
             "explanation": explanation,
+            "cache_ops": cache_ops,
             "backends": [r.as_dict() for r in results],
         }
         print(json.dumps(payload, indent=2, sort_keys=False, default=str))
-        return 0
+        return 0 if chosen else 1
     print(format_probe_table(results, chosen))
     for r in results:
         if r.facts:
@@ -38,7 +67,31 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(f"  {r.name}: {facts}")
     print()
     print(f"chosen: {chosen or 'none'} ({explanation})")
+    if cache_ops is not None:
+        print(f"cache ops: {cache_ops['implementation']} ({cache_ops['reason']})")
+    if not chosen and requested:
+        print(f"hint: install a build of torch for {requested!r}, or unset {BACKEND_ENV} / drop --backend")
     return 0 if chosen else 1
+
+
+def _cache_ops_choice(chosen: str | None, results: Sequence[object]) -> dict[str, str] | None:
+    """The cache-ops implementation the chosen backend's device would run, and why (None without a backend)."""
+    if chosen is None:
+        return None
+    from .cache_ops.selection import choose_cache_ops
+
+    device = "cpu" if chosen == "cpu" else "cuda"
+    implementation, reason = choose_cache_ops(device)
+    return {"implementation": implementation, "reason": reason}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hisparse-hal")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _cmd_conformance(args: argparse.Namespace) -> int:
@@ -49,7 +102,9 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import command
+    from .bench.arguments import validate
 
+    validate(args)
     return command.run(args)
 
 
@@ -63,20 +118,20 @@ def _fault(text: str) -> tuple[int, int]:
 def _cmd_scenario(args: argparse.Namespace) -> int:
     import logging
 
-    from .errors import HalError
     from .scenario import FaultPlan, ScenarioConfig, run_scenario
+    from .scenario.arguments import validate
+    from .shm_sweep import sweep_shared_files
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    try:
-        config = ScenarioConfig(
-            ranks=args.ranks, steps=args.steps, backend=args.backend, sync=args.sync, timeout_s=args.timeout,
-            host_chunk_bytes=args.host_chunk_bytes, kill=FaultPlan(*args.kill) if args.kill else None,
-        )
-    except HalError as exc:
-        print(f"hisparse-hal scenario: {exc}", file=sys.stderr)
-        return 2
+    config = ScenarioConfig(
+        ranks=args.ranks, steps=args.steps, backend=args.backend, sync=args.sync, timeout_s=args.timeout,
+        host_chunk_bytes=args.host_chunk_bytes, kill=FaultPlan(*args.kill) if args.kill else None,
+    )
+    validate(config, args.json)
     select_backend(args.backend)  # an unknown or unavailable name fails here, with the probe table (exit 2)
+    for path in sweep_shared_files():
+        print(f"hisparse-hal scenario: removed {path}, left in shared memory by a run that was killed", file=sys.stderr)
     bar = None
     if sys.stdout.isatty():
         from tqdm import tqdm
@@ -92,6 +147,7 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+        sweep_shared_files()  # the event files of ranks the driver had to SIGKILL
     print(f"backend: {result.backend}; "
           f"sync: {result.sync} ({result.sync_reason})")
     print(f"{config.ranks} ranks x {config.steps} steps in {result.wall_s:.1f} s wall; "
@@ -109,7 +165,7 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
         if rank.registrations_left:
             print(f"       {rank.registrations_left} host registration(s) left pinned")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
+        with open(args.json, "w", encoding="utf-8") as f:  # checked before the run (scenario.arguments)
             json.dump(result.as_dict(), f, indent=2, default=str)
         print(f"wrote {args.json}")
     print("PASS" if result.ok else "FAIL")
@@ -142,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hisparse-hal",
         description="Vendor-neutral device layer for HiSparse KV-cache offload.",
+        epilog=EPILOG,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (HISPARSE_HAL_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     info = sub.add_parser("info", help="probe every backend and show which one is chosen, and why")
@@ -195,14 +254,72 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _joined_option_values(argv: Sequence[str]) -> list[str]:
+    """``--pytest-args -q`` -> ``--pytest-args=-q``: argparse would take a value that starts with ``-`` for an
+    option of its own."""
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        if items[i] == "--pytest-args" and i + 1 < len(items):
+            out.append(f"--pytest-args={items[i + 1]}")
+            i += 2
+            continue
+        out.append(items[i])
+        i += 1
+    return out
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _debug_wanted(argv: Sequence[str]) -> bool:
+    return "--debug" in argv or os.environ.get("HISPARSE_HAL_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``hisparse-hal`` console script."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``hisparse-hal`` console script; returns one of :data:`EXIT_CODES`."""
+    raw = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in raw if not a.startswith("-")), "hisparse-hal")
+    prefix = f"hisparse-hal {command}" if command != "hisparse-hal" else "hisparse-hal"
+    debug = _debug_wanted(raw)
+    if _is_main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C: every cleanup runs
     try:
+        args = build_parser().parse_args(_joined_option_values(raw))
+        from .environment_check import check_environment, unknown_variables
+
+        check_environment()
+        for name in unknown_variables():
+            print(f"{prefix}: warning: {name} is set but hisparse-hal reads no such variable", file=sys.stderr)
         return int(args.func(args) or 0)
+    except KeyboardInterrupt as exc:
+        how = str(exc) or "SIGINT"
+        print(f"\n{prefix}: interrupted ({how}); {_AFTER_INTERRUPT.get(command, 'nothing was written')}",
+              file=sys.stderr)
+        return 130
     except BackendUnavailableError as exc:
-        print(f"hisparse-hal: {exc}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        hint = ""
+        if os.environ.get(BACKEND_ENV) and "--backend" not in raw:
+            hint = f"\nhint: install a build of torch for that backend, or unset {BACKEND_ENV}"
+        print(f"{prefix}: {exc}{hint}", file=sys.stderr)
         return 2
+    except (HalError, OSError) as exc:
+        if debug:
+            traceback.print_exc()
+        what = str(exc) if isinstance(exc, HalError) else f"{type(exc).__name__}: {exc} (--debug shows where)"
+        print(f"{prefix}: {what}", file=sys.stderr)
+        return 2
+
+
+def _is_main_thread() -> bool:
+    """Whether this is the main thread (signal handlers can only be installed there)."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -67,5 +67,5 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    with pytest.raises(BackendUnavailableError, match=r"pip install 'hisparse-hal\[plot\]'"):
+    with pytest.raises(BackendUnavailableError, match=r"from the checkout with: pip install -e '\.\[plot\]'"):
         bench_plot.plot_swaps(_figures(), str(tmp_path / "x.png"), "test")

@@ -75,7 +75,8 @@ def test_junit_has_one_case_per_test_with_its_kind(tmp_path):
     kinds = {name: skip.attrib["type"] for name, skip in skips.items() if skip is not None}
     assert kinds == {"test_graph": "capability", "test_ipc": "probe-gate", "test_known": "expected-failure"}
     props = {p.attrib["name"]: p.attrib["value"] for p in suite.iter("property")}
-    assert props == {"backend": "cpu", "suite_version": "1.0", "torch": "2.13.0+cpu", "device": "cpu"}
+    assert props == {"backend": "cpu", "suite_version": "1.0", "torch": "2.13.0+cpu", "device": "cpu",
+                     "verdict": "FAIL"}
 
 
 def test_skip_kinds_follow_the_plugins_wording():

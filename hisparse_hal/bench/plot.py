@@ -1,7 +1,7 @@
 """``hisparse-hal bench --plot FILE.png``: swap throughput against block size, ours beside the loop and one copy.
 
-Needs matplotlib (the optional extra ``hisparse-hal[plot]``), imported only when a plot is asked for; it
-draws on the non-interactive Agg canvas, so no display is needed.
+Needs matplotlib (the optional extra ``[plot]``: ``pip install -e '.[plot]'`` from the checkout),
+imported only when a plot is asked for; it draws on the non-interactive Agg canvas, so no display is needed.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ def plot_swaps(figures: Sequence[SwapFigure], path: str, title: str) -> None:
         title: the plot's title (backend, device, date).
 
     Raises:
-        BackendUnavailableError: matplotlib is not installed (install ``hisparse-hal[plot]``).
+        BackendUnavailableError: matplotlib is not installed (``pip install -e '.[plot]'``).
     """
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise BackendUnavailableError(
-            f"bench --plot needs matplotlib ({exc}); install it with: pip install 'hisparse-hal[plot]'"
+            f"bench --plot needs matplotlib ({exc}); install it from the checkout with: pip install -e '.[plot]'"
         ) from None
     rows = sorted(figures, key=lambda f: f.block_bytes)
     blocks = [f.block_bytes for f in rows]

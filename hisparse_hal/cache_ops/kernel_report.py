@@ -22,7 +22,7 @@ import sys
 import tempfile
 import types
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,8 @@ def _triton() -> types.ModuleType:
         import triton
     except ImportError as exc:
         raise UnsupportedCapabilityError(
-            f"hisparse-hal kernels needs triton, which does not import here ({exc}); install 'hisparse-hal[triton]'"
+            f"hisparse-hal kernels needs triton, which does not import here ({exc}); "
+            "pip install -e '.[triton]' from the checkout"
         ) from exc
     return triton
 
@@ -248,17 +249,22 @@ def narrow_offsets(ttir: str) -> int:
 
 
 def compile_cases(
-    cases: Iterable[KernelCase], targets: Sequence[str], kernels_file: str | None = None
+    cases: Iterable[KernelCase], targets: Sequence[str], kernels_file: str | None = None,
+    on_result: Callable[[KernelFacts], None] | None = None,
 ) -> list[KernelFacts]:
     """:func:`compile_case` for every case and target; a case whose specialization equals an earlier one's
     (same kernel, signature, constexprs and attributes) reuses that result and names its shape in ``variant``.
 
     In a process whose triton was imported for the interpreter (``TRITON_INTERPRET=1``, as the interpreter
-    tests run) the compiles run in a child process without it (:func:`compiler_ready`).
+    tests run) the compiles run in a child process without it (:func:`compiler_ready`). ``on_result`` is
+    called with each result as it is made (in the child-process case, with all of them at the end).
     """
     cases = list(cases)
     if not compiler_ready():
-        return _compile_in_child(cases, targets, kernels_file)
+        done = _compile_in_child(cases, targets, kernels_file)
+        for facts in done if on_result else ():
+            on_result(facts)  # type: ignore[misc]
+        return done
     results: list[KernelFacts] = []
     seen: dict[str, KernelFacts] = {}
     for target in targets:
@@ -271,9 +277,11 @@ def compile_cases(
                 first = seen[key]
                 results.append(dataclasses.replace(first, op=case.op, shape=case.shape, production=case.production,
                                                    variant=first.variant or first.shape))
-                continue
-            seen[key] = facts = compile_case(case, target, kernels_file)
-            results.append(facts)
+            else:
+                seen[key] = facts = compile_case(case, target, kernels_file)
+                results.append(facts)
+            if on_result is not None:
+                on_result(results[-1])
     return results
 
 

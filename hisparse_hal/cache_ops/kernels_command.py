@@ -3,20 +3,56 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 
 from . import kernel_device_check, kernel_report
+from .kernel_report import KernelFacts
 from .kernel_specs import all_cases, production_cases
 
 __all__ = ["run"]
 
 
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Callable[[KernelFacts], None]]:
+    """A progress bar on a terminal (the kernel and target being compiled); elsewhere, a line every 10%."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="compile", file=sys.stderr, dynamic_ncols=True)
+        def advance(facts: KernelFacts) -> None:
+            bar.set_postfix_str(f"{facts.name} {facts.target}", refresh=False)
+            bar.update(1)
+
+        try:
+            yield advance
+        finally:
+            bar.close()
+        return
+    done = [0]
+
+    def line(facts: KernelFacts) -> None:
+        done[0] += 1
+        if done[0] == total or done[0] % max(1, total // 10) == 0:
+            print(f"  compiled {done[0]}/{total} (last: {facts.name} for {facts.target})", file=sys.stderr, flush=True)
+
+    yield line
+
+
 def run(args: argparse.Namespace) -> int:
     """``hisparse-hal kernels``: exit 0 when every case compiled for every target, else 1 (2: bad targets)."""
+    from hisparse_hal.output_checks import require_module, writable_directory, writable_file
+
+    require_module("triton", "triton", "compiling the kernels")
+    if args.json:
+        writable_file(args.json, "--json")
+    if args.dump:
+        writable_directory(args.dump, "--dump")
     if args.against_device:
         return _run_against_device(args)
     try:
@@ -24,9 +60,12 @@ def run(args: argparse.Namespace) -> int:
     except InvalidArgumentError as exc:
         print(f"hisparse-hal kernels: {exc}", file=sys.stderr)
         return 2
-    with kernel_report.quiet_triton():
-        cases = production_cases() if args.production_only else all_cases()
-        results = kernel_report.compile_cases(cases, targets)
+    cases = production_cases() if args.production_only else all_cases()
+    total = len(cases) * len(targets)
+    print(f"compiling {len(cases)} kernel cases for {', '.join(targets)} ({total} compiles, offline; "
+          "minutes on an empty triton cache)", flush=True)
+    with kernel_report.quiet_triton(), _progress(total) as on_result:
+        results = kernel_report.compile_cases(cases, targets, on_result=on_result)
     print(kernel_report.format_table(results))
     print()
     totals = kernel_report.summary(results)

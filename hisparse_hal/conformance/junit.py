@@ -1,7 +1,9 @@
 """JUnit XML from a conformance ``results.json``: the per-test format GitHub Actions, GitLab, Buildkite and Jenkins
 ingest. One ``<testcase>`` per conformance test; expected failures and skips carry their kind and reason.
 
-Invariant: written from the final report (after any crash-resume), so it counts exactly the tests ``results.json`` does.
+Invariant: written from the final report (after any crash-resume), so it counts exactly the tests ``results.json`` does,
+plus, for a run that did not finish, one ``<error>`` case saying so (a CI page never shows an interrupted run green).
+The selection (``-k``, full suite or not, deselected count) is kept as properties.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from .report import overall_verdict
 
 __all__ = ["CAPABILITY_SKIP_PREFIX", "PROBE_GATE_SKIP_PREFIX", "skip_kind", "render_junit", "write_junit"]
 
@@ -61,10 +65,11 @@ def render_junit(doc: Mapping[str, Any]) -> str:
     backend = str(doc["backend"])
     summary = doc["summary"]
     tests = list(doc["tests"])
+    incomplete = doc.get("incomplete")
     counts = {
-        "tests": str(len(tests)),
+        "tests": str(len(tests) + (1 if incomplete else 0)),
         "failures": str(summary.get("failed", 0) + summary.get("xpassed", 0)),
-        "errors": "0",
+        "errors": "1" if incomplete else "0",
         "skipped": str(summary.get("skipped", 0) + summary.get("xfailed", 0)),
         "time": f"{sum(float(t['duration']) for t in tests):.3f}",
     }
@@ -72,12 +77,24 @@ def render_junit(doc: Mapping[str, Any]) -> str:
     suite = ET.SubElement(root, "testsuite", {"name": f"hisparse-hal conformance: {backend}", **counts})
     properties = ET.SubElement(suite, "properties")
     facts = doc.get("facts", {})
+    selection = doc.get("selection") or {}
     for key, value in (("backend", backend), ("suite_version", doc.get("suite_version")),
-                       ("torch", facts.get("torch")), ("device", facts.get("device"))):
+                       ("torch", facts.get("torch")), ("device", facts.get("device")),
+                       ("verdict", overall_verdict(doc)), ("incomplete", "true" if incomplete else None),
+                       ("full_suite", str(selection["full_suite"]).lower() if "full_suite" in selection else None),
+                       ("deselected", selection.get("deselected")), ("keyword", selection.get("keyword")),
+                       ("markexpr", selection.get("markexpr")), ("pytest_args", selection.get("pytest_args"))):
         if value is not None:
             ET.SubElement(properties, "property", {"name": key, "value": str(value)})
     for test in tests:
         _testcase(suite, test, backend)
+    if incomplete:
+        case = ET.SubElement(suite, "testcase", {"classname": f"hisparse_hal.conformance.{backend}.run",
+                                                 "name": "run incomplete", "time": "0"})
+        why = str(incomplete.get("reason") or "the run did not finish")
+        running = incomplete.get("running")
+        text = why + (f"; it was running {running}" if running else "")
+        ET.SubElement(case, "error", {"type": "incomplete", "message": text[:500]}).text = text
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 

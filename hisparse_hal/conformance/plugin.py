@@ -25,7 +25,16 @@ from . import SUITE_VERSION
 from .expectations import Expectations, backend_architectures, load_expectations
 from .junit import CAPABILITY_SKIP_PREFIX, PROBE_GATE_SKIP_PREFIX
 from .recipe import BackendRecipe, vendor_expectations_path
-from .report import AREAS, ResultCollector, area_of, build_results, render_summary, suite_test_id, write_report
+from .report import (
+    AREAS,
+    ResultCollector,
+    area_of,
+    build_results,
+    render_summary,
+    selection_text,
+    suite_test_id,
+    write_report,
+)
 
 pytest_plugins = ("hisparse_hal.conformance.fixtures",)
 
@@ -35,6 +44,38 @@ GATE_WAIT_S = 900.0
 
 class UnmatchedExpectationWarning(UserWarning):
     """An expectations entry matched no test of the suite (a stale id or a typo)."""
+
+
+class Selection:
+    """Which part of the suite a run selected: ``-k``, ``-m``, the runner's further pytest arguments, and the
+    counts of selected and deselected tests (tests a crash-resumed run already recorded are not deselected)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.keyword = config.getoption("keyword", "") or ""
+        self.markexpr = config.getoption("markexpr", "") or ""
+        self.pytest_args = config.getoption("hal_pytest_args") or ""
+        self.selected_ids: list[str] = []
+        self.deselected = 0
+
+    def narrowing_args(self) -> list[str]:
+        """Further pytest arguments that run less than the suite: paths, node ids, ``--deselect`` and the like."""
+        import shlex
+
+        narrowing = ("--deselect", "--ignore", "--ignore-glob", "--lf", "--last-failed", "--sw", "--stepwise",
+                     "--stepwise-skip", "-x", "--exitfirst", "--maxfail")
+        try:
+            words = shlex.split(self.pytest_args)
+        except ValueError:
+            return [self.pytest_args]
+        return [w for w in words if not w.startswith("-") or w.split("=", 1)[0] in narrowing]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``selection`` entry of ``results.json``."""
+        areas = sorted({area_of(i) for i in self.selected_ids}, key=lambda a: AREAS.index(a) if a in AREAS else 99)
+        full = not (self.keyword or self.markexpr or self.deselected or self.narrowing_args())
+        return {"keyword": self.keyword or None, "markexpr": self.markexpr or None,
+                "pytest_args": self.pytest_args or None, "selected": len(self.selected_ids),
+                "deselected": self.deselected, "areas": areas, "full_suite": full}
 
 
 class ConformanceState:
@@ -55,8 +96,11 @@ class ConformanceState:
         self.collector = ResultCollector()
         self.gate_file: str | None = getattr(config, "workerinput", {}).get("hal_gate_file")
         self.pending_probe: set[str] | None = None
+        self.finished_incomplete: dict[str, Any] | None = None
+        self.running_now: set[str] = set()  # tests started and not finished (several under xdist)
         self.environment: dict[str, Any] | None = None
         self.started = time.time()
+        self.selection = Selection(config)
         self.resumed: set[str] = set()
         resume = config.getoption("hal_resume")
         if resume:
@@ -162,6 +206,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--hal-strict", action="store_true", default=False, help="expectation entries that match no test fail the run"
     )
+    group.addoption("--hal-pytest-args", default="", metavar="ARGS",
+                    help="(set by the runner) the further pytest arguments the user gave, recorded in the report")
+    group.addoption("--hal-deferred-interrupts", action="store_true", default=False,
+                    help="(set by the runner, which starts pytest with SIGINT blocked) take SIGINT only between "
+                    "the end of collection and the session's end")
     group.addoption("--hal-resume", default=None, metavar="RESULTS_JSON",
                     help="(used by the runner after a crash) keep these results and run only the tests they lack")
 
@@ -180,6 +229,28 @@ def pytest_configure(config: pytest.Config) -> None:
         ) from exc
     config.stash[STATE_KEY] = state
     config.pluginmanager.register(RunHooks(state), "hisparse-hal-conformance-run")
+
+
+# The runner starts pytest with SIGINT blocked: an interrupt while modules import (pytest's plugins, the test
+# modules, hypothesis) would leave half-imported modules and tracebacks. It is unblocked once the tests are
+# collected (the xdist controller collects nothing: once its session starts) and blocked again when the session
+# finishes, so that writing the report cannot be cut short; an interrupt in between is pytest's to handle.
+# Only when the runner says so (--hal-deferred-interrupts): other pytest processes keep their signal mask.
+def _accept_interrupts(config: pytest.Config, accept: bool) -> None:
+    import signal
+
+    if config.getoption("hal_deferred_interrupts", False):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK if accept else signal.SIG_BLOCK, {signal.SIGINT})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if session.config.getoption("numprocesses", None) and not _is_worker(session.config):
+        _accept_interrupts(session.config, True)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _accept_interrupts(session.config, True)
 
 
 def state_of(config: pytest.Config) -> ConformanceState:
@@ -309,10 +380,18 @@ class RunHooks:
 
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         state = self.state
+        state.running_now.add(suite_test_id(nodeid))
         if not _is_worker(state.config) and state.report_dir:
             # Kept current so that a crash (a segfault in a vendor library) still leaves a report naming
             # the test that was running; the runner completes it (see runner.complete_crashed_report).
             write_report(state.report_dir, _document(state, running=suite_test_id(nodeid)))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        _accept_interrupts(session.config, False)  # see _accept_interrupts
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        self.state.running_now.discard(suite_test_id(nodeid))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         state = self.state
@@ -330,6 +409,15 @@ class RunHooks:
                 if not state.pending_probe and not state.probe_failures:
                     _write_gate(state, [])
 
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        resumed = self.state.resumed
+        self.state.selection.deselected += sum(1 for item in items if suite_test_id(item.nodeid) not in resumed)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if session.items and not self.state.selection.selected_ids:  # xdist: the controller learns them from a worker
+            ids = [suite_test_id(item.nodeid) for item in session.items]
+            self.state.selection.selected_ids = ids + sorted(self.state.resumed)  # a resumed run: both parts
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         state = self.state
@@ -340,6 +428,8 @@ class RunHooks:
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         state = self.state
+        if not state.selection.selected_ids:
+            state.selection.selected_ids = [suite_test_id(nodeid) for nodeid in ids] + sorted(state.resumed)
         if state.pending_probe is None:
             state.pending_probe = {nodeid for nodeid in ids if area_of(nodeid) == "probe"}
             if not state.pending_probe:
@@ -349,6 +439,8 @@ class RunHooks:
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         state = self.state
         output = getattr(node, "workeroutput", {}) or {}
+        if "hal_deselected" in output:  # every worker collects the same suite: one worker's count is the run's
+            state.selection.deselected = int(output["hal_deselected"])
         if output.get("hal_backend_facts") and not state.backend_facts:
             state.backend_facts = json.loads(output["hal_backend_facts"])
         for text in json.loads(output.get("hal_unmatched", "[]")):
@@ -357,7 +449,8 @@ class RunHooks:
 
 
 # ------------------------------------------------------------------------------------------ finish
-def _document(state: ConformanceState, running: str | None = None) -> dict[str, Any]:
+def _document(state: ConformanceState, running: str | None = None,
+              incomplete: dict[str, Any] | None = None) -> dict[str, Any]:
     if state.environment is None:
         state.environment = environment_facts(state.recipe)  # probes once, not once per test
     facts = dict(state.environment)
@@ -373,8 +466,27 @@ def _document(state: ConformanceState, running: str | None = None) -> dict[str, 
         facts,
         state.collector.results(),
         {"expectations": {"file": state.expectations_path, "strict": state.strict, "unmatched": state.unmatched},
-         **({"incomplete": {"running": running}} if running else {})},
+         "selection": state.selection.as_dict(),
+         **({"incomplete": {"running": running, "reason": "the run is in progress, or its process died"}}
+            if running else {}),
+         **({"incomplete": incomplete} if incomplete else {})},
     )
+
+
+def _unfinished(state: ConformanceState, session: pytest.Session) -> dict[str, Any] | None:
+    """Why the run ended before every selected test had an outcome (None: it did not)."""
+    if session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        cut = sorted(state.running_now)
+        for test_id in cut:  # its setup may have passed, the test did not: it has no outcome
+            state.collector.discard(test_id)
+        return {"reason": "the run was interrupted (SIGINT or SIGTERM) before every selected test ran",
+                **({"running": ", ".join(cut)} if cut else {})}
+    selected = set(state.selection.selected_ids) - state.resumed
+    missing = selected - {r.id for r in state.collector.results()}
+    if selected and missing:
+        return {"reason": f"the run stopped with {len(missing)} of {len(selected)} selected tests not run "
+                          "(-x, --maxfail or an internal error)"}
+    return None
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -383,11 +495,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _is_worker(config):
         config.workeroutput["hal_backend_facts"] = json.dumps(state.backend_facts, default=str)  # type: ignore[attr-defined]
         config.workeroutput["hal_unmatched"] = json.dumps(state.unmatched)  # type: ignore[attr-defined]
+        config.workeroutput["hal_deselected"] = state.selection.deselected  # type: ignore[attr-defined]
         return
     if state.strict and state.unmatched and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    state.finished_incomplete = _unfinished(state, session)
     if state.report_dir:
-        write_report(state.report_dir, _document(state))
+        write_report(state.report_dir, _document(state, incomplete=state.finished_incomplete))
     if state.gate_file and Path(state.gate_file).exists():
         Path(state.gate_file).unlink()
 
@@ -396,11 +510,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     state = state_of(config)
     if _is_worker(config):
         return
-    doc = _document(state)
+    doc = _document(state, incomplete=state.finished_incomplete)
     terminalreporter.section("hisparse-hal conformance")
     for line in render_summary(doc).splitlines():
-        if line.startswith("|") or line.startswith("# "):
+        if line.startswith(("|", "# ", "**INCOMPLETE")):
             terminalreporter.write_line(line)
+    terminalreporter.write_line(selection_text(doc.get("selection")))
     if state.unmatched:
         verb = "FAIL (--hal-strict)" if state.strict else "warning"
         for text in state.unmatched:

@@ -4,6 +4,8 @@
 Invariant: every collected test ends with exactly one outcome among passed, failed, skipped, xfailed
 and xpassed, so the summary's counts add up to the number of tests. An error in setup or teardown
 counts as failed; an unexpected pass of a strict expected failure counts as xpassed and fails the run.
+A run that did not finish (``incomplete``) reads INCOMPLETE, never PASS; a selection of the suite
+(``selection.full_suite`` false) reads as partial.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ __all__ = [
     "build_results",
     "write_report",
     "render_summary",
+    "overall_verdict",
+    "mark_incomplete",
+    "selection_text",
 ]
 
 #: Areas in tier order; a test's area is its module name without ``test_`` (``test_swaps.py`` -> swaps).
@@ -126,6 +131,10 @@ class ResultCollector:
         for t in tests:
             self._results[t["id"]] = TestResult(t["id"], t["area"], t["outcome"], float(t["duration"]), t["reason"])
 
+    def discard(self, test_id: str) -> None:
+        """Forget a test that did not finish (an interrupted run): it gets no outcome."""
+        self._results.pop(test_id, None)
+
     def results(self) -> list[TestResult]:
         """Results sorted by area (tier order), then id."""
         order = {area: n for n, area in enumerate(AREAS + ("other",))}
@@ -176,16 +185,58 @@ def verdict(counts: Mapping[str, int]) -> str:
     return "SKIPPED" if counts.get("skipped", 0) else "-"
 
 
+def overall_verdict(doc: Mapping[str, Any]) -> str:
+    """The run's verdict: INCOMPLETE for a run that did not finish, else :func:`verdict` of its counts,
+    a PASS with ``(partial)`` after it when the run was a selection of the suite."""
+    if doc.get("incomplete"):
+        return "INCOMPLETE"
+    counts_verdict = verdict(doc["summary"])
+    full = (doc.get("selection") or {}).get("full_suite", False)  # unrecorded: not taken for the full suite
+    if counts_verdict == "PASS" and not full:
+        return f"{counts_verdict} (partial)"
+    return counts_verdict
+
+
+def selection_text(selection: Mapping[str, Any] | None) -> str:
+    """One line saying which part of the suite ran (``-k``, ``-m``, further pytest arguments, counts)."""
+    if not selection:
+        return "selection: not recorded (a report from before suite selections were recorded)"
+    parts = [f"{selection.get('selected', '?')} tests selected", f"{selection.get('deselected', 0)} deselected"]
+    for key, flag in (("keyword", "-k"), ("markexpr", "-m")):
+        if selection.get(key):
+            parts.append(f"{flag} {selection[key]!r}")
+    if selection.get("pytest_args"):
+        parts.append(f"pytest args {selection['pytest_args']!r}")
+    if selection.get("areas"):
+        parts.append("areas " + ", ".join(selection["areas"]))
+    kind = "the full suite" if selection.get("full_suite") else "a PARTIAL run (a selection of the suite)"
+    return f"{kind}: " + "; ".join(parts)
+
+
+def _incomplete_text(incomplete: Mapping[str, Any]) -> str:
+    why = incomplete.get("reason") or "the run did not finish"
+    running = incomplete.get("running")
+    return f"**INCOMPLETE**: {why}" + (f"; it was running `{running}`" if running else "") + (
+        "; the tests not yet run are missing from this report."
+    )
+
+
 def render_summary(doc: Mapping[str, Any]) -> str:
     """``summary.md``: one table by area a person reads at a glance, then failures, xfails and skips."""
     tests = list(doc["tests"])
     facts = doc.get("facts", {})
-    overall = verdict(doc["summary"])
+    overall = overall_verdict(doc)
     lines = [
         f"# Conformance: {doc['backend']} — {overall}",
         "",
+    ]
+    if doc.get("incomplete"):
+        lines += [_incomplete_text(doc["incomplete"]), ""]
+    lines += [
         f"Suite {doc['suite_version']}; torch {facts.get('torch', '?')}; "
         f"device {facts.get('device', '?')}; architectures {', '.join(facts.get('architectures', [])) or 'n/a'}.",
+        "",
+        selection_text(doc.get("selection")) + ".",
         "",
         "| Area | Verdict | Passed | Failed | Skipped | XFailed | XPassed |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -227,6 +278,36 @@ def write_report(directory: str | Path, doc: Mapping[str, Any]) -> tuple[Path, P
     directory.mkdir(parents=True, exist_ok=True)
     results = directory / "results.json"
     summary = directory / "summary.md"
-    results.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-    summary.write_text(render_summary(doc), encoding="utf-8")
+    # Each file is replaced whole, so an interrupt mid-write leaves the previous version, never half of one.
+    _replace_text(results, json.dumps(doc, indent=2, default=str) + "\n")
+    _replace_text(summary, render_summary(doc))
     return results, summary
+
+
+def _replace_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def mark_incomplete(directory: str | Path, reason: str) -> Path | None:
+    """Mark the report in ``directory`` as the record of a run that did not finish (INCOMPLETE in
+    ``results.json`` and ``summary.md``), keeping what it recorded.
+
+    Returns:
+        The ``results.json`` path, or None when the directory holds no readable report.
+    """
+    path = Path(directory) / "results.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    incomplete = dict(doc.get("incomplete") or {})
+    incomplete["reason"] = reason
+    doc["incomplete"] = incomplete
+    write_report(directory, doc)
+    return path

@@ -2,7 +2,9 @@
 
 Invariant: the backend is resolved through the same registry as ``get_backend`` (strict: an unknown or
 unavailable name is an error that prints the probe table) or built by an explicit factory; the exit
-code is 0 only when no test failed or passed unexpectedly.
+code is 0 only when no test failed or passed unexpectedly. Output paths are checked before the run; an
+interrupted run gives pytest and everything it started a grace period, leaves no process and no scenario
+pool behind, and leaves a report marked INCOMPLETE (exit 130).
 """
 
 from __future__ import annotations
@@ -12,17 +14,18 @@ import importlib.util
 import json
 import logging
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from hisparse_hal.child_group import run_in_group
 from hisparse_hal.errors import BackendUnavailableError, InvalidArgumentError
+from hisparse_hal.output_checks import writable_directory, writable_file
 from hisparse_hal.python_child import python_command, python_environment
 
 from .junit import write_junit
 from .recipe import BackendRecipe, load_factory, vendor_expectations_path
-from .report import OUTCOMES, area_of, write_report
+from .report import OUTCOMES, area_of, mark_incomplete, write_report
 
 __all__ = ["add_arguments", "run", "pytest_arguments", "complete_crashed_report"]
 
@@ -33,6 +36,9 @@ TESTS = "hisparse_hal.conformance.tests"
 SETTINGS = Path(__file__).with_name("pytest-settings.toml")
 #: Crashed tests after which the runner stops resuming.
 MAX_CRASHES = 20
+#: The command's exit status (0 ok, 1 tests failed, 2 usage or environment, 130 interrupted) for pytest's.
+EXIT_OF_PYTEST = {0: 0, 1: 1, 2: 130, 3: 2, 4: 2, 5: 2}
+INTERRUPTED = 130
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,25 +98,47 @@ def pytest_arguments(args: argparse.Namespace, recipe: BackendRecipe) -> list[st
         argv += ["-k", args.keyword]
     if args.numprocesses:
         if importlib.util.find_spec("xdist") is None:
-            raise InvalidArgumentError("-n needs pytest-xdist: pip install 'hisparse-hal[test]'")
+            raise InvalidArgumentError("-n needs pytest-xdist: pip install -e '.[test]' from the checkout")
         argv += ["-n", str(args.numprocesses)]
     if args.timeout and importlib.util.find_spec("pytest_timeout") is not None:
         argv += ["--timeout", str(args.timeout)]
-    argv += shlex.split(args.pytest_args or "")
+    if args.pytest_args:
+        argv.append(f"--hal-pytest-args={args.pytest_args}")  # "=": the value may start with "-"
+    try:
+        argv += shlex.split(args.pytest_args or "")
+    except ValueError as exc:
+        raise InvalidArgumentError(f"--pytest-args {args.pytest_args!r} cannot be split: {exc}") from None
     return argv
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Check ``--report`` and ``--junit`` before the run (the report folder is created).
+
+    Raises:
+        InvalidArgumentError: a path that cannot be written, named with its option.
+    """
+    if args.report:
+        writable_directory(args.report, "--report")
+    if args.junit:
+        writable_file(args.junit, "--junit")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the suite; the exit code is 0 only when nothing failed unexpectedly.
 
     Returns:
-        pytest's exit code (1: a test failed or passed unexpectedly; 4: bad usage; 5: no test
-        selected), or 2 when the backend cannot be resolved (the message includes the probe table).
+        0 when nothing failed, 1 when a test failed or passed unexpectedly, 2 for a usage or environment
+        error (a bad ``-k`` or pytest argument, no test selected, an unresolvable backend: the message
+        includes the probe table), 130 when the run was interrupted.
     """
+    from hisparse_hal.output_checks import require_module
+    from hisparse_hal.shm_sweep import sweep_shared_files
+
     for module in ("pytest", "hypothesis"):
-        if importlib.util.find_spec(module) is None:
-            print(f"hisparse-hal conformance needs {module}: pip install 'hisparse-hal[test]'", file=sys.stderr)
-            return 2
+        require_module(module, "test", "the conformance suite")
+    if args.numprocesses:
+        require_module("xdist", "test", "conformance -n")
+    check_outputs(args)
     try:
         recipe = BackendRecipe.resolve(args.backend, args.factory)
         if recipe.factory:
@@ -119,18 +147,45 @@ def run(args: argparse.Namespace) -> int:
     except BackendUnavailableError as exc:
         print(f"hisparse-hal conformance: {exc}", file=sys.stderr)
         return 2
-    except InvalidArgumentError as exc:
-        print(f"hisparse-hal conformance: {exc}", file=sys.stderr)
-        return 2
+    for path in sweep_shared_files():
+        print(f"hisparse-hal conformance: removed {path}, left in shared memory by a run that was killed",
+              file=sys.stderr)
     print(f"hisparse-hal conformance: testing {recipe.describe()}", file=sys.stderr)
     print("  python -P -m pytest " + shlex.join(argv), file=sys.stderr)
     directory = Path(args.report) if args.report else Path(tempfile.mkdtemp(prefix="hisparse-conformance-"))
     if not args.report:
         argv = [*argv, "--hal-report", str(directory)]
-    code = _run_until_done(argv, directory)
-    if args.junit:
+    code, interrupted_by = _run_until_done(argv, directory)
+    for path in sweep_shared_files():  # what a test process ended by force left behind
+        print(f"hisparse-hal conformance: removed {path}, left in shared memory by an ended test process",
+              file=sys.stderr)
+    marked = None
+    finished = interrupted_by is not None and _report_is_final(directory)
+    if interrupted_by and not finished:
+        why = f"the run was interrupted ({interrupted_by}) before every selected test ran"
+        marked = mark_incomplete(directory, why)
+    if interrupted_by:
+        code = INTERRUPTED
+    if args.junit and (marked or finished or not interrupted_by):
         code = _write_junit(args.junit, directory, code)
+    if interrupted_by:
+        if finished:
+            where = f"every selected test had run; the report is complete: {directory / 'summary.md'}"
+        elif marked:
+            where = f"partial report, marked INCOMPLETE: {directory / 'summary.md'}"
+        else:
+            where = "no test had started, so no report was written"
+        print(f"hisparse-hal conformance: interrupted ({interrupted_by}); {where}", file=sys.stderr)
     return code
+
+
+def _report_is_final(directory: Path) -> bool:
+    """Whether the folder holds the report of a finished run (written at the session's end, not a checkpoint)."""
+    try:
+        doc = json.loads((directory / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return "incomplete" not in doc
 
 
 def _write_junit(path: str, directory: Path, code: int) -> int:
@@ -140,20 +195,28 @@ def _write_junit(path: str, directory: Path, code: int) -> int:
     except (OSError, ValueError) as exc:
         print(f"hisparse-hal conformance: no JUnit file written, the run left no report ({exc})", file=sys.stderr)
         return code or 1
+    if code == EXIT_OF_PYTEST[4] and not doc.get("tests"):
+        return code  # a usage error: the report is empty, a JUnit file of it would read as a run
     print(f"hisparse-hal conformance: wrote {write_junit(path, doc)}", file=sys.stderr)
     return code
 
 
-def _run_until_done(argv: list[str], directory: Path) -> int:
+def _run_until_done(argv: list[str], directory: Path) -> tuple[int, str | None]:
     """Run pytest in a child interpreter; when a test kills it (a fault in a vendor library), record
-    that test as failed and resume with the tests not yet run, so one crash hides no other result."""
+    that test as failed and resume with the tests not yet run, so one crash hides no other result.
+
+    Returns:
+        The command's exit status (see :data:`EXIT_OF_PYTEST`) and the signal that interrupted the run, if any.
+    """
     crashed: list[str] = []
     resume: list[str] = []
     while True:
         # The child imports the package this process imported, never a source folder in the working directory.
-        code = subprocess.run(
-            python_command(module="pytest", args=[*argv, *resume]), env=python_environment()
-        ).returncode
+        command = python_command(module="pytest", args=[*argv, *resume, "--hal-deferred-interrupts"])
+        ended = run_in_group(command, env=python_environment(), start_with_sigint_blocked=True)
+        code = ended.returncode
+        if ended.interrupted_by:
+            return INTERRUPTED, ended.interrupted_by
         if code >= 0:
             break
         test = complete_crashed_report(directory, code)
@@ -161,7 +224,8 @@ def _run_until_done(argv: list[str], directory: Path) -> int:
             why = f"after {len(crashed) + 1} crashes" if test is not None else "(no partial report to resume from)"
             print(f"hisparse-hal conformance: the test process died (exit status {code}); not resuming {why}; "
                   "the tests not yet run are missing from the report", file=sys.stderr)
-            return 1
+            mark_incomplete(directory, f"the test process died (exit status {code}) and the run was not resumed")
+            return 1, None
         crashed.append(test)
         print(f"hisparse-hal conformance: the test process died (exit status {code}) while running {test}; "
               "recorded as failed, resuming with the tests not yet run", file=sys.stderr)
@@ -171,8 +235,8 @@ def _run_until_done(argv: list[str], directory: Path) -> int:
             f"hisparse-hal conformance: {len(crashed)} test(s) crashed the process: {', '.join(crashed)}",
             file=sys.stderr,
         )
-        return code if code not in (0, 5) else 1
-    return code
+        return EXIT_OF_PYTEST.get(code, 1) if code not in (0, 5) else 1, None
+    return EXIT_OF_PYTEST.get(code, 1), None
 
 
 def complete_crashed_report(directory: str | Path, code: int) -> str | None:

@@ -3,7 +3,8 @@ collect one ``ScenarioResult``.
 
 Invariant: the driver never hangs on a rank. A rank that sends nothing while it makes no progress for
 longer than the wait bound plus a grace period is killed and reported; the pool's file is removed
-however the run ends.
+however the run ends. Ranks start with SIGINT blocked: an interrupt is the driver's to handle, and it
+ends the ranks (SIGTERM, then SIGKILL) before it returns.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import dataclasses
 import logging
 import mmap
 import os
+import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -119,6 +121,18 @@ class ScenarioResult:
                 "ranks": [dataclasses.asdict(r) | {"ok": r.ok} for r in self.ranks]}
 
 
+@contextlib.contextmanager
+def _terminal_interrupts_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread while a rank is started, so the rank starts with it blocked: a terminal's
+    Ctrl-C, sent to the whole foreground group, then reaches only the driver, and no rank prints a
+    ``KeyboardInterrupt`` traceback from the middle of its start-up. A SIGINT meanwhile is delivered after."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -157,23 +171,29 @@ def run_scenario(config: ScenarioConfig, on_progress: Callable[[int], None] | No
         InvalidArgumentError: a bad ``HISPARSE_HAL_EVENT_TIMEOUT_S`` or too many ranks.
     """
     stall_s = (config.timeout_s or event_timeout_s()) + 30.0
-    pool_path = SharedPool.create(config.ranks, config.pool_blocks, config.block_bytes)
-    fd = os.open(pool_path, os.O_RDWR)
-    control_map = mmap.mmap(fd, CONTROL_BYTES)  # read only here; writable so torch maps it without a warning
-    os.close(fd)
-    control = torch.frombuffer(control_map, dtype=torch.int64)
-    context = torch.multiprocessing.get_context("spawn")
-    port = _free_port()
     processes: list[Any] = []
     conns: list[Any] = []
     received: dict[int, dict[str, Any] | None] = {}
     started = time.monotonic()
+    control_map: mmap.mmap | None = None
+    control: torch.Tensor | None = None
+    pool_path = SharedPool.create(config.ranks, config.pool_blocks, config.block_bytes)
+    interrupted = False
     try:
+        fd = os.open(pool_path, os.O_RDWR)
+        try:
+            control_map = mmap.mmap(fd, CONTROL_BYTES)  # read only here; writable so torch maps it without a warning
+        finally:
+            os.close(fd)
+        control = torch.frombuffer(control_map, dtype=torch.int64)
+        context = torch.multiprocessing.get_context("spawn")
+        port = _free_port()
         for rank in range(config.ranks):
             parent_end, child_end = context.Pipe(duplex=False)
             process = context.Process(target=rank_main, args=(rank, config, pool_path, port, child_end),
                                       name=f"hisparse-scenario-rank{rank}", daemon=True)
-            process.start()
+            with _terminal_interrupts_blocked():
+                process.start()  # the rank inherits the mask: a Ctrl-C reaches the driver, which stops the ranks
             child_end.close()
             processes.append(process)
             conns.append(parent_end)
@@ -199,19 +219,29 @@ def run_scenario(config: ScenarioConfig, on_progress: Callable[[int], None] | No
                         log.error("rank %d made no progress for %.0f s; killing it", rank, now - last_change)
                         process.kill()
                 last_change = now
+    except BaseException:
+        interrupted = True  # an interrupt (KeyboardInterrupt) or an error of the driver's own: stop the ranks now
+        raise
     finally:
+        # First, so that a second interrupt while the ranks are being stopped cannot leave the file behind.
+        if SharedPool.unlink(pool_path):
+            log.info("removed the shared pool %s (no rank got far enough to remove it)", pool_path)
+        if interrupted:  # the ranks' pins and locks end with them; the pool's file is gone, event files are swept
+            for process in processes:
+                if process.is_alive() and process.pid is not None:
+                    with contextlib.suppress(OSError):
+                        os.kill(process.pid, signal.SIGTERM)
         for process in processes:
-            process.join(10)
+            process.join(3 if interrupted else 10)
             if process.is_alive():
                 process.kill()
                 process.join(10)
         for conn in conns:
             conn.close()
         del control
-        with contextlib.suppress(BufferError):
-            control_map.close()
-        if SharedPool.unlink(pool_path):
-            log.info("removed the shared pool %s (no rank got far enough to remove it)", pool_path)
+        if control_map is not None:
+            with contextlib.suppress(BufferError):
+                control_map.close()
     wall = time.monotonic() - started
     outcomes = tuple(_outcome(rank, processes[rank], received.get(rank)) for rank in range(config.ranks))
     return ScenarioResult(config, outcomes, wall, pool_path)

@@ -1,8 +1,10 @@
 """The shared host pool of a scenario: one memory-backed file every rank maps, with a control page.
 
-Invariant: the file is unlinked as soon as every rank has mapped it, so no process's death leaves it
-behind; each rank holds a POSIX lock on its own byte of the file while it lives, so any rank can tell,
-without a timeout, that another one is gone (the kernel drops a dead process's locks).
+Invariant: the file is unlinked as soon as every rank has mapped it, and its name carries the pid of the
+process that created it, so a file left by a creator that was SIGKILLed before that moment is found and
+removed by :func:`sweep_stale_pools` once that creator is dead; each rank holds a POSIX lock on its own byte
+of the file while it lives, so any rank can tell, without a timeout, that another one is gone (the kernel
+drops a dead process's locks).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from hisparse_hal.errors import InvalidArgumentError
 
-__all__ = ["SharedPool", "CONTROL_BYTES", "PUBLISHED", "ABORTED"]
+__all__ = ["SharedPool", "CONTROL_BYTES", "PUBLISHED", "ABORTED", "NAME_PREFIX", "sweep_stale_pools", "pool_owner"]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,7 @@ class SharedPool:
         """
         if ranks > MAX_RANKS:
             raise InvalidArgumentError(f"the shared pool's control page holds at most {MAX_RANKS} ranks, got {ranks}")
-        path = os.path.join(_pool_dir(), NAME_PREFIX + uuid.uuid4().hex)
+        path = os.path.join(_pool_dir(), f"{NAME_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, CONTROL_BYTES + pool_blocks * block_bytes)
@@ -142,3 +144,75 @@ class SharedPool:
         with contextlib.suppress(BufferError):  # a view still alive somewhere: the exit unmaps it
             self._map.close()
         os.close(self._fd)
+
+
+def pool_owner(name: str) -> int | None:
+    """The pid of the process that created the pool file ``name`` (``hisparse-hal-pool-<pid>-<uuid>``);
+    None for another name, or a file named before pids were recorded (``hisparse-hal-pool-<uuid>``)."""
+    if not name.startswith(NAME_PREFIX):
+        return None
+    pid, sep, _ = name[len(NAME_PREFIX):].partition("-")
+    return int(pid) if sep and pid.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def _recorded_pids(path: str) -> list[int]:
+    """The pids the ranks wrote into an old-style pool's control page (none: no rank mapped it)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(_PIDS_AT * 8)
+            raw = f.read(MAX_RANKS * 8)
+    except OSError:
+        return []
+    words = struct.unpack(f"<{len(raw) // 8}q", raw[: len(raw) // 8 * 8])
+    return [w for w in words if w > 0]
+
+
+def sweep_stale_pools(directory: str | None = None, min_age_s: float = 3600.0) -> list[str]:
+    """Remove pool files whose creator is dead: what a SIGKILLed scenario driver left behind.
+
+    A file whose name carries its creator's pid is removed once that process is gone. An old-style name
+    (no pid) is removed when every pid its ranks recorded is gone, or, with none recorded, when it is
+    older than ``min_age_s``. Files of live runs, and other users' files, are left alone.
+
+    Returns:
+        The paths removed.
+    """
+    import time
+
+    where = directory or _pool_dir()
+    try:
+        names = [n for n in os.listdir(where) if n.startswith(NAME_PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for name in sorted(names):
+        path = os.path.join(where, name)
+        owner = pool_owner(name)
+        if owner is not None:
+            stale = not _alive(owner)
+        else:
+            pids = _recorded_pids(path)
+            try:
+                old = time.time() - os.stat(path).st_mtime > min_age_s
+            except OSError:
+                continue
+            stale = not any(_alive(p) for p in pids) if pids else old
+        if not stale:
+            continue
+        try:
+            os.unlink(path)
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+        log.info("removed the stale shared pool %s (its creator is gone)", path)
+        removed.append(path)
+    return removed

@@ -1,0 +1,87 @@
+"""Every ``HISPARSE_HAL_*`` environment variable the package reads, checked at once before a command starts, so
+a mistyped value fails by name in a second instead of surfacing later as a failing test or a traceback.
+
+Invariant: each value is checked by the same parser that reads it where it is used; this module adds none.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+
+from .errors import InvalidArgumentError
+
+__all__ = ["KNOWN_VARIABLES", "check_environment", "unknown_variables"]
+
+#: Every variable the package (or its test suite) reads, and what it sets.
+KNOWN_VARIABLES: dict[str, str] = {
+    "HISPARSE_HAL_BACKEND": "the backend get_backend() returns (a registered name)",
+    "HISPARSE_HAL_CACHE_OPS": "the cache-ops implementation: triton, torch or host",
+    "HISPARSE_HAL_EVENT_TIMEOUT_S": "the bound of IPC event waits, in seconds",
+    "HISPARSE_HAL_PIN_CHUNK_BYTES": "the largest single host registration, in bytes",
+    "HISPARSE_HAL_CUDA_MAX_BATCH": "descriptors per CUDA batch call",
+    "HISPARSE_HAL_VLLM_OPS": "off turns the vLLM plugin off (on, off, 1, 0, true, false, yes, no)",
+    "HISPARSE_HAL_DEBUG": "1 shows the traceback of a command's error",
+    "HISPARSE_HAL_TRITON_SEQUENCES": "generated sequences the project's Triton tests run",
+}
+_SWITCH = ("", "on", "off", "1", "0", "true", "false", "yes", "no")
+
+
+def _cache_ops(environ: Mapping[str, str]) -> None:
+    from .cache_ops.selection import CACHE_OPS_ENV, IMPLEMENTATIONS
+
+    value = environ.get(CACHE_OPS_ENV, "").strip().lower()
+    if value and value not in IMPLEMENTATIONS:
+        raise InvalidArgumentError(f"{CACHE_OPS_ENV} must be one of {list(IMPLEMENTATIONS)}, got "
+                                   f"{environ[CACHE_OPS_ENV]!r}; unset it to choose by capability")
+
+
+def _event_timeout(environ: Mapping[str, str]) -> None:
+    from .settings import event_timeout_s
+
+    event_timeout_s(environ)
+
+
+def _pin_chunk(environ: Mapping[str, str]) -> None:
+    from .host_registration import CHUNK_ENV
+    from .settings import positive_setting
+
+    positive_setting(CHUNK_ENV, 1, lambda text: int(text, 0), "a positive byte count", environ)
+
+
+def _cuda_batch(environ: Mapping[str, str]) -> None:
+    from .vendors.cuda.capabilities import batch_cap_from_env
+
+    batch_cap_from_env(environ)
+
+
+def _switch(name: str) -> Callable[[Mapping[str, str]], None]:
+    def check(environ: Mapping[str, str]) -> None:
+        value = environ.get(name, "").strip().lower()
+        if value not in _SWITCH:
+            raise InvalidArgumentError(f"{name} must be one of {[v for v in _SWITCH if v]}, got {environ[name]!r}")
+    return check
+
+
+_CHECKS: tuple[Callable[[Mapping[str, str]], None], ...] = (
+    _cache_ops, _event_timeout, _pin_chunk, _cuda_batch,
+    _switch("HISPARSE_HAL_VLLM_OPS"), _switch("HISPARSE_HAL_DEBUG"),
+)
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Check the value of every known ``HISPARSE_HAL_*`` variable that is set (``HISPARSE_HAL_BACKEND`` is checked
+    by the registry, which knows the registered names).
+
+    Raises:
+        InvalidArgumentError: the first bad value, with the variable's name and what it accepts.
+    """
+    env = os.environ if environ is None else environ
+    for check in _CHECKS:
+        check(env)
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """``HISPARSE_HAL_*`` variables that are set but that nothing reads (a typo, most likely)."""
+    env = os.environ if environ is None else environ
+    return sorted(name for name in env if name.startswith("HISPARSE_HAL_") and name not in KNOWN_VARIABLES)

@@ -1,0 +1,40 @@
+"""``hisparse-hal scenario``: the checks a run passes before any rank starts (rank count, memory, output path);
+the values themselves are checked by :class:`~hisparse_hal.scenario.config.ScenarioConfig`.
+"""
+
+from __future__ import annotations
+
+from hisparse_hal.errors import InvalidArgumentError
+from hisparse_hal.memory_budget import check_fits
+from hisparse_hal.output_checks import writable_file
+
+from .config import ScenarioConfig
+from .pool import CONTROL_BYTES, MAX_RANKS
+
+__all__ = ["validate", "RANK_BYTES", "bytes_needed"]
+
+#: Resident memory of one rank: an interpreter with torch and the backend imported (about 160 MB measured on
+#: CPU, 64 ranks used about 10 GB), rounded up.
+RANK_BYTES = 200 << 20
+
+
+def bytes_needed(config: ScenarioConfig) -> int:
+    """Memory estimate of a run: every rank's process, its device cache, and the shared pool."""
+    pool = CONTROL_BYTES + config.pool_blocks * config.block_bytes
+    per_rank = RANK_BYTES + 2 * config.pool_blocks * config.block_bytes
+    return pool + config.ranks * per_rank
+
+
+def validate(config: ScenarioConfig, json_path: str | None = None) -> None:
+    """Check what ``config`` alone does not: the rank count against the pool's control page, the memory
+    estimate against what is available, and the ``--json`` path.
+
+    Raises:
+        InvalidArgumentError: the first problem, named with its value.
+    """
+    if config.ranks > MAX_RANKS:
+        raise InvalidArgumentError(f"--ranks must be at most {MAX_RANKS} (the shared pool's control page holds "
+                                   f"that many ranks), got {config.ranks}")
+    check_fits(bytes_needed(config), f"scenario --ranks {config.ranks} (about {RANK_BYTES >> 20} MiB per rank)")
+    if json_path:
+        writable_file(json_path, "--json")

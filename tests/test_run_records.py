@@ -1,0 +1,95 @@
+"""Reports say what ran: a run that did not finish reads INCOMPLETE (summary.md, results.json, JUnit, the merged
+table), a selection of the suite reads partial, and neither passes for a full PASS (issue 24)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from hisparse_hal.conformance.junit import render_junit
+from hisparse_hal.conformance.report import mark_incomplete, overall_verdict, render_summary, write_report
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _doc(full_suite: bool = True, **extra: object) -> dict:
+    tests = [{"id": "test_swaps.py::t0", "area": "swaps", "outcome": "passed", "duration": 0.1, "reason": ""}]
+    return {"suite_version": "1.0", "backend": "cpu", "facts": {"torch": "2.13"}, "tests": tests,
+            "summary": {"passed": 1, "failed": 0, "skipped": 0, "xfailed": 0, "xpassed": 0},
+            "selection": {"keyword": None if full_suite else "swaps", "markexpr": None, "pytest_args": None,
+                          "selected": 1, "deselected": 0 if full_suite else 222, "areas": ["swaps"],
+                          "full_suite": full_suite},
+            **extra}
+
+
+def _merge_module():
+    spec = importlib.util.spec_from_file_location("merge_reports", REPO / "ci" / "merge_reports.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_finished_full_run_passes():
+    assert overall_verdict(_doc()) == "PASS"
+    assert render_summary(_doc()).startswith("# Conformance: cpu — PASS\n")
+
+
+def test_a_selection_reads_partial_with_its_keyword_and_deselected_count():
+    summary = render_summary(_doc(full_suite=False))
+    assert summary.startswith("# Conformance: cpu — PASS (partial)\n")
+    assert "a PARTIAL run" in summary and "222 deselected" in summary and "-k 'swaps'" in summary
+
+
+def test_a_report_that_does_not_record_its_selection_is_not_taken_for_the_full_suite():
+    doc = _doc()
+    del doc["selection"]
+    assert overall_verdict(doc) == "PASS (partial)" and "selection: not recorded" in render_summary(doc)
+
+
+def test_an_interrupted_run_is_marked_incomplete_in_both_files(tmp_path):
+    write_report(tmp_path, _doc(incomplete={"running": "test_swaps.py::t1"}))
+    assert mark_incomplete(tmp_path, "the run was interrupted (SIGINT)") == tmp_path / "results.json"
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["incomplete"] == {"running": "test_swaps.py::t1", "reason": "the run was interrupted (SIGINT)"}
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith("# Conformance: cpu — INCOMPLETE\n") and "PASS**" not in summary
+    assert "interrupted (SIGINT)" in summary and "`test_swaps.py::t1`" in summary
+
+
+def test_marking_a_folder_without_a_report_writes_nothing(tmp_path):
+    assert mark_incomplete(tmp_path, "interrupted") is None and list(tmp_path.iterdir()) == []
+
+
+def test_junit_of_an_incomplete_run_has_an_error_case_and_the_selection():
+    root = ET.fromstring(render_junit(_doc(full_suite=False, incomplete={"reason": "interrupted (SIGTERM)"})))
+    suite = root.find("testsuite")
+    assert suite is not None and suite.attrib["errors"] == "1" and suite.attrib["tests"] == "2"
+    props = {p.attrib["name"]: p.attrib["value"] for p in suite.iter("property")}
+    assert props["verdict"] == "INCOMPLETE" and props["incomplete"] == "true"
+    assert props["full_suite"] == "false" and props["deselected"] == "222" and props["keyword"] == "swaps"
+    error = suite.find("testcase/error")
+    assert error is not None and error.attrib["type"] == "incomplete" and "SIGTERM" in error.attrib["message"]
+
+
+def test_merge_shows_partial_and_incomplete_rows_and_fails_on_them(tmp_path):
+    merge = _merge_module()
+    for name, doc in (("full", _doc()), ("part", _doc(full_suite=False)),
+                      ("cut", _doc(incomplete={"reason": "interrupted"}))):
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    rc = merge.main(["--out", str(out), *(f"{n}={tmp_path / n}.json" for n in ("full", "part", "cut"))])
+    rows = {r["label"]: r for r in json.loads((out / "compatibility.json").read_text())["rows"]}
+    assert rc == 1
+    assert [rows[n]["verdict"] for n in ("full", "part", "cut")] == ["PASS", "PASS (partial)", "INCOMPLETE"]
+    text = (out / "compatibility.md").read_text()
+    assert "## Partial or unfinished runs" in text and "- part: **PASS (partial)**" in text
+
+
+def test_merge_accepts_partial_passes_when_asked(tmp_path):
+    merge = _merge_module()
+    (tmp_path / "part.json").write_text(json.dumps(_doc(full_suite=False)))
+    assert merge.main(["--out", str(tmp_path / "o"), "--allow-partial", str(tmp_path / "part.json")]) == 0
+    assert merge.main(["--out", str(tmp_path / "o"), str(tmp_path / "part.json")]) == 1
