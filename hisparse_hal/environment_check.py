@@ -20,7 +20,7 @@ KNOWN_VARIABLES: dict[str, str] = {
     "HISPARSE_HAL_EVENT_TIMEOUT_S": "the bound of IPC event waits, in seconds",
     "HISPARSE_HAL_PIN_CHUNK_BYTES": "the largest single host registration, in bytes",
     "HISPARSE_HAL_CUDA_MAX_BATCH": "descriptors per CUDA batch call",
-    "HISPARSE_HAL_VLLM_OPS": "off turns the vLLM plugin off (on, off, 1, 0, true, false, yes, no)",
+    "HISPARSE_HAL_VLLM_BACKEND": "the hisparse-hal backend vLLM 0.34.0 must use: auto, cpu, cuda or rocm",
     "HISPARSE_HAL_DEBUG": "1 shows the traceback of a command's error",
     "HISPARSE_HAL_TRITON_SEQUENCES": "generated sequences the project's Triton tests run",
 }
@@ -55,6 +55,14 @@ def _cuda_batch(environ: Mapping[str, str]) -> None:
     batch_cap_from_env(environ)
 
 
+def _vllm_backend(environ: Mapping[str, str]) -> None:
+    from .integrations.vllm import BACKEND_ENV, adapter_qualname
+
+    value = environ.get(BACKEND_ENV, "").strip()
+    if value:
+        adapter_qualname(value)
+
+
 def _switch(name: str) -> Callable[[Mapping[str, str]], None]:
     def check(environ: Mapping[str, str]) -> None:
         value = environ.get(name, "").strip().lower()
@@ -65,7 +73,7 @@ def _switch(name: str) -> Callable[[Mapping[str, str]], None]:
 
 _CHECKS: tuple[Callable[[Mapping[str, str]], None], ...] = (
     _cache_ops, _event_timeout, _pin_chunk, _cuda_batch,
-    _switch("HISPARSE_HAL_VLLM_OPS"), _switch("HISPARSE_HAL_DEBUG"),
+    _vllm_backend, _switch("HISPARSE_HAL_DEBUG"),
 )
 
 
@@ -75,6 +83,7 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
 
     Raises:
         InvalidArgumentError: the first bad value, with the variable's name and what it accepts.
+        BackendUnavailableError: ``HISPARSE_HAL_VLLM_BACKEND`` names no backend vLLM can use.
     """
     env = os.environ if environ is None else environ
     for check in _CHECKS:

@@ -19,7 +19,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are firs
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-_NEED = "the Triton cache-ops tests need triton and numpy (pip install 'hisparse-hal[triton]' numpy)"
+_NEED = "the Triton cache-ops tests need triton and numpy (pip install -e '.[triton]')"
 triton = pytest.importorskip("triton", reason=_NEED)
 pytest.importorskip("numpy", reason=_NEED)  # triton's interpreter needs numpy
 

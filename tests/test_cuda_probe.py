@@ -95,7 +95,7 @@ def test_probe_explains_missing_nvml_bindings(monkeypatch: pytest.MonkeyPatch, c
     result = spec.probe()
     assert not result.available
     assert "NVML bindings are not installed" in result.reason
-    assert "hisparse-hal[cuda]" in result.reason and "nvidia-ml-py" in result.reason
+    assert "pip install -e '.[cuda]'" in result.reason and "nvidia-ml-py" in result.reason
 
 
 def test_probe_explains_an_nvml_failure(monkeypatch: pytest.MonkeyPatch, cuda_torch: None) -> None:

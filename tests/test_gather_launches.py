@@ -17,7 +17,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are firs
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-_NEED = "the Triton id-check tests need triton and numpy (pip install 'hisparse-hal[triton]' numpy)"
+_NEED = "the Triton id-check tests need triton and numpy (pip install -e '.[triton]')"
 pytest.importorskip("triton", reason=_NEED)
 pytest.importorskip("numpy", reason=_NEED)
 

@@ -22,7 +22,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 triton = pytest.importorskip(
-    "triton", reason="compiling the Triton kernels needs triton (pip install 'hisparse-hal[triton]')"
+    "triton", reason="compiling the Triton kernels needs triton (pip install -e '.[triton]')"
 )
 
 from hisparse_hal import cli  # noqa: E402

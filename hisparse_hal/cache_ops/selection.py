@@ -127,7 +127,7 @@ def choose_cache_ops(
         if forced == "triton":
             raise UnsupportedCapabilityError(
                 f"{CACHE_OPS_ENV}=triton, but triton does not import ({facts.error}); install "
-                f"'hisparse-hal[triton]' or unset {CACHE_OPS_ENV}"
+                f"triton (pip install -e '.[triton]' in a hisparse-hal checkout) or unset {CACHE_OPS_ENV}"
             )
         return "torch", f"triton does not import ({facts.error})"
     if forced == "triton":

@@ -110,7 +110,8 @@ def _kernel_module() -> types.ModuleType:
     except ImportError as exc:  # triton missing or broken
         raise UnsupportedCapabilityError(
             f"the Triton cache ops need triton, which does not import here ({exc}); install "
-            "'hisparse-hal[triton]' or use the torch implementation (HISPARSE_HAL_CACHE_OPS=torch)"
+            "triton (the [triton] extra: pip install -e '.[triton]' in a hisparse-hal checkout) or use the torch"
+            " implementation (HISPARSE_HAL_CACHE_OPS=torch)"
         ) from exc
     return triton_kernels
 

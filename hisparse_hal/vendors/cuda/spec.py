@@ -46,7 +46,7 @@ def probe() -> Probe:
         return Probe(
             False,
             f"the NVML bindings are not installed ({exc}); install them with "
-            "pip install 'hisparse-hal[cuda]' (package nvidia-ml-py)",
+            "pip install nvidia-ml-py (the [cuda] extra: pip install -e '.[cuda]' in a hisparse-hal checkout)",
             facts,
         )
     visible = os.environ.get(VISIBLE_ENV)

@@ -76,7 +76,8 @@ def read_amdsmi_inventory(importer: Callable[[], Any] = import_amdsmi) -> AmdSmi
         amdsmi = importer()
     except Exception as exc:  # noqa: BLE001 - ImportError, or OSError/KeyError from a broken install
         return AmdSmiInventory((), f"amdsmi is not importable ({type(exc).__name__}: {exc}); "
-                                   "install it with pip install 'hisparse-hal[rocm]'")
+                                   "install it with pip install amdsmi (the [rocm] extra: "
+                                   "pip install -e '.[rocm]' in a hisparse-hal checkout)")
     try:
         amdsmi.amdsmi_init()
     except Exception as exc:  # noqa: BLE001 - AmdSmiException and friends; recorded, not swallowed
