@@ -78,13 +78,14 @@ class Interrupted:
 
 
 def interrupt(args: list[str], delay_s: float, signum: int = signal.SIGINT, *, to_group: bool = False,
-              cwd: Path | None = None, timeout: float = 300) -> Interrupted:
+              cwd: Path | None = None, timeout: float = 300, extra_env: dict[str, str] | None = None) -> Interrupted:
     """Run ``hisparse-hal ARGS``, send ``signum`` after ``delay_s`` (to the command, or to its whole process
     group as a terminal's Ctrl-C does), wait for it, and collect what survived."""
     marker = uuid.uuid4().hex
     before = {p.name for p in SHM.glob("hisparse-hal-*")}
     env = {k: v for k, v in os.environ.items() if not k.startswith("HISPARSE_HAL_")}
     env[MARKER] = marker
+    env.update(extra_env or {})
     seen: set[int] = set()
     stop = threading.Event()
 

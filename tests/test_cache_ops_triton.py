@@ -198,7 +198,7 @@ def test_without_triton_the_ops_raise_a_typed_error_naming_the_extra(monkeypatch
     monkeypatch.delattr("hisparse_hal.cache_ops.triton_kernels", raising=False)
     triton_impl._kernel_module.cache_clear()
     try:
-        expected = r"need triton, which does not import here .*hisparse-hal\[triton\]"
+        expected = r"need triton, which does not import here .*pip install -e '\.\[triton\]'"
         with pytest.raises(UnsupportedCapabilityError, match=expected):
             triton_impl.gather_compact(torch.zeros(2, 16, dtype=torch.uint8), torch.zeros(1, 2, 16, dtype=torch.uint8),
                                        t32([[0]]), t32([[0]]), t32([1]))

@@ -119,9 +119,27 @@ def test_soak_interrupts_at_random_moments(tmp_path):
     print(f"soak done: {counts}")
 
 
+# Imported by the console script's interpreter at start-up (PYTHONPATH): importing torch takes 20 s more, so a
+# signal sent 1.5 s in always lands while the command starts, however warm the machine's file cache is.
+_SLOW_TORCH_IMPORT = """
+import sys, time
+
+class _SlowTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            time.sleep(20)
+        return None
+
+sys.meta_path.insert(0, _SlowTorch())
+"""
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_an_interrupt_while_the_command_starts_is_one_line(signum):
-    run = interrupt(["info"], delay_s=1.5, signum=signum)  # after the interpreter starts, while torch imports
+def test_an_interrupt_while_the_command_starts_is_one_line(signum, tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(_SLOW_TORCH_IMPORT)
+    run = interrupt(["info"], delay_s=1.5, signum=signum, extra_env={"PYTHONPATH": str(tmp_path)})
+    assert run.signalled, "the command ended before the signal: the slowed torch import did not take effect"
     assert run.returncode == 130 and "Traceback" not in run.stderr, run.stderr[-2000:]
     assert run.stderr.strip() == f"hisparse-hal: interrupted ({signal.Signals(signum).name}) while starting; " \
                                  "nothing was done"

@@ -177,7 +177,7 @@ def test_kernels_command_rejects_unknown_targets(capsys: pytest.CaptureFixture[s
 def test_kernels_command_prints_the_table_and_writes_json_and_dumps(
     results: list[KernelFacts], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(kernel_report, "compile_cases", lambda cases, targets: results)
+    monkeypatch.setattr(kernel_report, "compile_cases", lambda cases, targets, on_result=None: results)
     out_json, dump = tmp_path / "kernels.json", tmp_path / "dump"
     assert cli.main(["kernels", "--production-only", "--json", str(out_json), "--dump", str(dump)]) == 0
     printed = capsys.readouterr().out
