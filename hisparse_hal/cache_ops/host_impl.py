@@ -12,7 +12,7 @@ import torch
 from . import torch_impl
 from .arguments import GatherInputs, ResolveInputs
 from .signatures import vllm_ops
-from .torch_impl import word_rows
+from .torch_impl import slab_row_ids, slab_rows, word_rows
 
 __all__ = ["gather", "gather_compact", "gather_plan", "invalidate_written_slots", "resolve", "resolve_residency",
            "word_rows"]
@@ -46,7 +46,7 @@ def _copy_planned_rows(host_cache: torch.Tensor, hot_cache: torch.Tensor, source
     host = word_rows(host_cache)
     hot = word_rows(hot_cache)
     blocks, block_size, words = hot.shape
-    flat = hot.view(blocks * block_size, words) if hot.stride(0) == block_size * words else None
+    slab = slab_rows(hot)
     host_rows = host.shape[0]
     for start in range(0, destination.numel(), _CHUNK_ROWS):
         src = source[start:start + _CHUNK_ROWS]
@@ -58,8 +58,8 @@ def _copy_planned_rows(host_cache: torch.Tensor, hot_cache: torch.Tensor, source
             rows = host.index_select(0, src.clamp(max=host_rows - 1))
             if bool(past.any()):
                 rows[past] = 0
-        if flat is not None:
-            flat.index_copy_(0, dst, rows)
+        if slab is not None:
+            slab[0].index_copy_(0, slab_row_ids(dst, block_size, slab[1]), rows)
         else:  # blocks strided apart (a slab view): address each row by (block, offset)
             hot.index_put_((dst // block_size, dst % block_size), rows)
 
