@@ -176,13 +176,18 @@ def classify_slots(inputs: ResolveInputs, rows: _Rows, entries: _Union) -> _Slot
         return _Slots(leaders, row_of_leader, lru, np.zeros(lru.shape, dtype=bool), group_slot)
     top = min(hot_size, int(np.iinfo(lru.dtype).max) + 1)  # int16 values never reach a larger region
     slot_ok = (lru >= 0) & (lru < top)
-    held = np.take_along_axis(inputs.device_global_indices.numpy()[states], np.clip(lru, 0, top - 1), 1)
+    cell = states[:, None] * hot_size + np.clip(lru, 0, top - 1)
+    held = inputs.device_global_indices.numpy().reshape(-1)[cell]  # reshape: a copy only if strided
     asked = slot_ok & (held >= 0) & (held < inputs.host_rows)
     found = _find_groups(inputs, entries, leaders, held)
     hit = asked & (found >= 0)
     at = np.nonzero(hit)
     hit_column = np.full(entries.keys.size, -1, dtype=_I64)
-    np.maximum.at(hit_column, found[at], at[1])  # D3: the later slot in LRU order
+    hit_group = found[at]
+    if np.bincount(hit_group, minlength=1).max(initial=0) > 1:  # a union row held by two slots
+        np.maximum.at(hit_column, hit_group, at[1])  # D3: the later slot in LRU order
+    else:
+        hit_column[hit_group] = at[1]
     held_groups = np.flatnonzero(hit_column >= 0)
     group_slot[held_groups] = lru[row_of_leader[entries.leader[held_groups]], hit_column[held_groups]]
     return _Slots(leaders, row_of_leader, lru, hit, group_slot)
