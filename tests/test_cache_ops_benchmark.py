@@ -30,7 +30,8 @@ def test_bench_case_measures_peak_memory_and_kernel_launches_of_the_torch_based_
     figures = {f.implementation: f for f in bench_case(case, CpuBackend(), {"host_impl": 1, "torch_impl": 1})}
     assert case.hot_slots == 192 and all(f.matches_torch for f in figures.values())
     host, fixed = figures["host_impl"], figures["torch_impl"]
-    assert host.launches is not None and fixed.launches is not None and 50 < host.launches < fixed.launches
+    # host's resolve and gathers are numpy passes: its count is the few aten kernels left (classify rows, stats)
+    assert host.launches is not None and fixed.launches is not None and 0 < host.launches < fixed.launches
     # torch's gather holds its int64 index arrays and rounds of rows; host's holds only the rows it copies
     assert fixed.compact_peak_bytes is not None and host.compact_peak_bytes is not None
     assert 0 < host.compact_peak_bytes < fixed.compact_peak_bytes

@@ -333,6 +333,36 @@ def word_rows(cache: torch.Tensor) -> torch.Tensor:
     return raw
 
 
+def slab_rows(hot: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """A 2-D ``[span, words]`` view of the slab under a 3-D hot view whose block stride is a whole number of
+    rows (a layer-interleaved HMA slab, or contiguous blocks), with the rows of a block stride: hot row ``d`` is
+    slab row ``d // B * stride + d % B`` (the attention-index formula). Lets the gathers use ``index_select`` /
+    ``index_copy_`` on whole rows instead of 2-D advanced indexing of a strided view. None when the layout does
+    not allow it (the callers then index by ``(block, offset)``).
+
+    Args:
+        hot: ``[blocks, B, words]`` with ``stride(2) == 1`` and ``stride(1) == words``.
+
+    Returns:
+        ``(rows_view, block_stride_in_rows)`` or None.
+    """
+    blocks, block_size, words = hot.shape
+    if blocks == 0 or hot.stride(2) != 1 or (block_size > 1 and hot.stride(1) != words) or hot.stride(0) % words:
+        return None
+    stride_rows = hot.stride(0) // words
+    if stride_rows < block_size:
+        return None
+    span = (blocks - 1) * stride_rows + block_size
+    return torch.as_strided(hot, (span, words), (words, 1)), stride_rows
+
+
+def slab_row_ids(rows: torch.Tensor, block_size: int, stride_rows: int) -> torch.Tensor:
+    """Slab row of each hot row (see :func:`slab_rows`)."""
+    if stride_rows == block_size:
+        return rows
+    return torch.div(rows, block_size, rounding_mode="floor") * stride_rows + torch.remainder(rows, block_size)
+
+
 #: Bytes of row data one round of a gather holds at once (host rows read, current rows, merged rows: three
 #: buffers of this size). Bounds a gather's extra memory whatever R x K is; 4 MiB rounds keep it near the
 #: cache and cost about 3 x 4 MiB at any batch size.
@@ -385,7 +415,7 @@ def _copy_rows(inputs: GatherInputs) -> None:
         last.scatter_reduce_(0, torch.where(write, destination, hot_rows), entries, reduce="amax")
     sources = inputs.global_indices.reshape(-1)
     host = word_rows(inputs.host_cache)
-    flat = hot.view(hot_rows, words) if hot.stride(0) == block_size * words else None
+    slab = slab_rows(hot)
     for start in range(0, total, round_rows):
         stop = min(start + round_rows, total)
         _, destination, write = _plan_entries(inputs, start, stop)
@@ -394,17 +424,18 @@ def _copy_rows(inputs: GatherInputs) -> None:
         written = writer >= 0
         writer_source = sources[writer.clamp(min=0)].to(_I64)
         from_host = written & (writer_source < host_rows)
-        if flat is not None:
-            current = flat.index_select(0, rows)
-        else:  # blocks strided apart (a slab view): address each row by (block, offset)
+        if slab is not None:
+            slab_ids = slab_row_ids(rows, block_size, slab[1])
+            current = slab[0].index_select(0, slab_ids)
+        else:  # a layout without whole-row block strides: address each row by (block, offset)
             current = hot[torch.div(rows, block_size, rounding_mode="floor"), torch.remainder(rows, block_size)]
         if host_rows > 0:
             loaded = host.index_select(0, writer_source.clamp(0, host_rows - 1))
             merged = torch.where(from_host[:, None], loaded, torch.where(written[:, None], 0, current))
         else:
             merged = torch.where(written[:, None], 0, current)
-        if flat is not None:
-            flat.index_copy_(0, rows, merged)
+        if slab is not None:
+            slab[0].index_copy_(0, slab_ids, merged)
         else:
             hot.index_put_((torch.div(rows, block_size, rounding_mode="floor"), torch.remainder(rows, block_size)),
                            merged)
