@@ -177,13 +177,11 @@ def _physical_rows(inputs: ResolveInputs, request: torch.Tensor, slot: torch.Ten
     return torch.where(inside, block, -1) * block_size + torch.remainder(slot, block_size)
 
 
-def resolve(inputs: ResolveInputs, compact_leaders: bool = False) -> None:
+def resolve(inputs: ResolveInputs) -> None:
     """``hisparse_resolve_residency`` on checked inputs, vectorised with fixed shapes (see the module doc).
 
     Args:
         inputs: the checked arguments.
-        compact_leaders: classify slots only for the runs that need it (a ``nonzero``: reads values, so for
-            host memory only; ``host_impl`` sets it).
 
     Raises:
         UnionOverflowError: on the CPU device, before anything is written.
@@ -216,15 +214,9 @@ def resolve(inputs: ResolveInputs, compact_leaders: bool = False) -> None:
     state_row = rows.state.clamp(min=0)
 
     # Phase 3: classify each working leader's slots in LRU order. A slot is a hit iff it holds a union row.
-    # Slot arrays have one row per entry of `classified`: every batch row here (fixed shapes), only the working
-    # leaders on host memory (`compact_leaders`), which divides the [rows, H] work by Q for MTP batches.
+    # Slot arrays have one row per batch row (fixed shapes); only working leaders' rows are used.
     working_rows = rows.is_leader & active & has_union
-    if compact_leaders:
-        classified = torch.nonzero(working_rows).reshape(-1)
-        if classified.numel() == 0:
-            classified = torch.zeros(1, dtype=_I64, device=device)  # one idle row keeps the shapes non-empty
-    else:
-        classified = torch.arange(num_rows, dtype=_I64, device=device)
+    classified = torch.arange(num_rows, dtype=_I64, device=device)
     slot_row = torch.zeros(num_rows, dtype=_I64, device=device)
     slot_row[classified] = torch.arange(classified.numel(), dtype=_I64, device=device)
     working = working_rows[classified][:, None]
