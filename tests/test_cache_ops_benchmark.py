@@ -8,7 +8,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the Triton kernels a
 
 import pytest  # noqa: E402
 
-from hisparse_hal.bench.cache_ops import CacheOpsCase, _requests, bench_case  # noqa: E402
+from hisparse_hal.bench.arguments import positive_ints  # noqa: E402
+from hisparse_hal.bench.cache_ops import CacheOpsCase, bench_case  # noqa: E402
 from hisparse_hal.cli import build_parser  # noqa: E402
 from hisparse_hal.errors import InvalidArgumentError  # noqa: E402
 from hisparse_hal.vendors.cpu.backend import CpuBackend  # noqa: E402
@@ -45,10 +46,10 @@ def test_bench_case_rejects_a_context_shorter_than_the_top_k() -> None:
 
 
 def test_requests_option_parses_counts_and_rejects_garbage() -> None:
-    assert _requests("64, 128") == [64, 128]
+    assert positive_ints("64, 128", "--requests") == [64, 128]
     expected = "--requests must be positive integers separated by commas, got '64,x'"
     with pytest.raises(InvalidArgumentError, match=expected):
-        _requests("64,x")
+        positive_ints("64,x", "--requests")
 
 
 def test_bench_command_takes_the_cache_ops_options() -> None:

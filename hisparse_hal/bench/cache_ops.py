@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hisparse_hal.cache_ops.shapes import BLOCK, ROW_BYTES, TOP_K
 from hisparse_hal.errors import InvalidArgumentError
 
+from .arguments import positive_ints
 from .table import Column, format_header, format_row, write_json
 from .timing import time_runs
 
@@ -318,16 +319,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-oracle", action="store_true", help="skip the slow oracle (--cache-ops)")
 
 
-def _requests(text: str, option: str = "--requests") -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        values = []
-    if not values or any(v <= 0 for v in values):
-        raise InvalidArgumentError(f"{option} must be positive integers separated by commas, got {text!r}")
-    return values
-
-
 def _mib(value: int | None) -> str:
     return f"{'-':>8}" if value is None else f"{value / 2**20:>8.1f}"
 
@@ -371,8 +362,8 @@ def run(args: argparse.Namespace) -> int:
 
     backend = get_backend(args.backend)
     device = backend.device
-    counts = sorted(_requests(args.requests))
-    queries = sorted(_requests(getattr(args, "queries", "1"), "--queries"))
+    counts = sorted(positive_ints(args.requests, "--requests"))
+    queries = sorted(positive_ints(getattr(args, "queries", "1"), "--queries"))
     choice, reason = choose_cache_ops(device)
     interpreted = device.type != "cuda"
     if interpreted:
