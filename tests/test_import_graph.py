@@ -7,6 +7,7 @@ understood, tested or moved one without the other. The graph is read from the so
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import hisparse_hal
@@ -22,7 +23,12 @@ def _module_name(path: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(path): path for path in PACKAGE_ROOT.rglob("*.py")}
+    """Every module of the package, through its linked folders (``rglob`` does not follow directory links)."""
+    found = {}
+    for folder, _, files in os.walk(PACKAGE_ROOT, followlinks=True):
+        if "__pycache__" not in folder:
+            found.update({_module_name(Path(folder, f)): Path(folder, f) for f in files if f.endswith(".py")})
+    return found
 
 
 def _resolve(importer: str, is_package: bool, level: int, module: str | None) -> str:
