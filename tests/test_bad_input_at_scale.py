@@ -26,7 +26,10 @@ from typing import Any
 
 import pytest
 import torch
-from bad_input_strategies import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hisparse_hal.testing.bad_input_strategies import (
     GATHER_KINDS,
     REGISTRATION_KINDS,
     SWAP_DESCRIPTOR_KINDS,
@@ -38,9 +41,7 @@ from bad_input_strategies import (
     bad_swaps,
     overlapping_swaps,
 )
-from bad_input_worlds import BACKENDS, Arena, World, build_world
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hisparse_hal.testing.bad_input_worlds import BACKENDS, Arena, World, build_world
 
 SWAP_KINDS = SWAP_DESCRIPTOR_KINDS + SWAP_MALFORMED_KINDS
 #: Generated examples per test and backend; each example holds one case of every kind of its area

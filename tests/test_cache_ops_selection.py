@@ -13,8 +13,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is de
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from sim_cuda_driver import SimulatedCudaDriver  # noqa: E402
-from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend  # noqa: E402
 
 from hisparse_hal.cache_ops import oracle  # noqa: E402
 from hisparse_hal.cache_ops.selection import (  # noqa: E402
@@ -28,6 +26,8 @@ from hisparse_hal.cache_ops.selection import (  # noqa: E402
 from hisparse_hal.cache_ops.sequences import SHAPES, build_sequence, run_sequence  # noqa: E402
 from hisparse_hal.capabilities import Capabilities  # noqa: E402
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError  # noqa: E402
+from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver  # noqa: E402
+from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend  # noqa: E402
 from hisparse_hal.vendors.cpu.backend import CpuBackend  # noqa: E402
 from hisparse_hal.vendors.cuda.backend import CudaBackend  # noqa: E402
 from hisparse_hal.vendors.cuda.driver import CudaDriver  # noqa: E402

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import torch
 from cache_ops_model import I32, Model
-from host_sync_guard import HostSyncError, no_host_sync
 from poisoned_outputs import ResolveOutputs
 
 from hisparse_hal.cache_ops import device_checks, host_impl, oracle, torch_impl
@@ -20,6 +19,7 @@ from hisparse_hal.cache_ops.sequences import (
     build_sequence,
     run_sequence,
 )
+from hisparse_hal.testing.host_sync_guard import HostSyncError, no_host_sync
 
 _mask = torch.tensor([True, False, True])
 _values = torch.tensor([3, 1, 2])

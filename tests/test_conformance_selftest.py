@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from broken_backends import BROKEN, MUST_FAIL
 
 from hisparse_hal.conformance.report import AREAS, OUTCOMES
+from hisparse_hal.testing.broken_backends import BROKEN, MUST_FAIL
 
 TESTS_DIR = Path(__file__).resolve().parent
+BROKEN_MODULE = "hisparse_hal.testing.broken_backends"
 
 
 def _conformance(tmp_path: Path, *args: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess, dict | None]:
@@ -77,7 +78,7 @@ def test_conformance_passes_on_the_cpu_reference_device(tmp_path):
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_conformance_fails_a_broken_backend_in_its_area(tmp_path, name):
     area, keyword = BROKEN[name]
-    done, doc = _conformance(tmp_path, "--factory", f"broken_backends:{name}", "-k", f"({keyword}) or test_stats")
+    done, doc = _conformance(tmp_path, "--factory", f"{BROKEN_MODULE}:{name}", "-k", f"({keyword}) or test_stats")
     assert done.returncode == 1, f"{name} was not failed:\n{_tail(done)}"
     assert doc is not None, _tail(done)
     areas = _by_area(doc)
@@ -96,7 +97,7 @@ def test_conformance_fails_a_broken_backend_in_its_area(tmp_path, name):
 
 def test_a_failed_probe_tier_skips_the_rest_with_a_reason_under_xdist(tmp_path):
     done, doc = _conformance(
-        tmp_path, "--factory", "broken_backends:UnstableCapabilities", "-n", "2", "-k", "probe or stats or gathers"
+        tmp_path, "--factory", f"{BROKEN_MODULE}:UnstableCapabilities", "-n", "2", "-k", "probe or stats or gathers"
     )
     assert done.returncode == 1, _tail(done)
     assert doc is not None, _tail(done)
@@ -158,7 +159,7 @@ reason = "planted: -1 reads the last row"
 """)
     args = (
         "--factory",
-        "broken_backends:GatherMinusOneReadsLastRow",
+        f"{BROKEN_MODULE}:GatherMinusOneReadsLastRow",
         "--expectations",
         str(path),
         "-k",
@@ -193,7 +194,7 @@ def test_an_unknown_backend_fails_with_the_probe_table(tmp_path):
 
 @pytest.mark.parametrize(
     "factory,message",
-    [("no_such_module:make", "cannot import 'no_such_module'"), ("broken_backends:NoSuchClass", "has no attribute"),
+    [("no_such_module:make", "cannot import 'no_such_module'"), (f"{BROKEN_MODULE}:NoSuchClass", "has no attribute"),
      ("builtins:dict", "not a HiSparseBackend"), ("justaname", "package.module:callable")],
 )
 def test_a_bad_factory_fails_clearly(tmp_path, factory, message):
@@ -204,7 +205,7 @@ def test_a_bad_factory_fails_clearly(tmp_path, factory, message):
 
 def test_a_backend_that_crashes_the_process_is_reported_in_the_test_that_crashed_and_the_run_resumes(tmp_path):
     done, doc = _conformance(
-        tmp_path, "--factory", "broken_backends:SwapCrashesTheProcess", "-k", "test_stats or test_swap_batch_of_n"
+        tmp_path, "--factory", f"{BROKEN_MODULE}:SwapCrashesTheProcess", "-k", "test_stats or test_swap_batch_of_n"
     )
     assert done.returncode == 1, _tail(done)
     assert "the test process died" in done.stderr and "resuming" in done.stderr

@@ -461,7 +461,7 @@ def _backend_named(backend_class: str) -> CpuBackend:
     """The CPU device, or a planted bug from tests/broken_backends.py (spawned children inherit sys.path)."""
     if backend_class == "CpuBackend":
         return CpuBackend(event_timeout_s=20)
-    import broken_backends
+    from hisparse_hal.testing import broken_backends
 
     return getattr(broken_backends, backend_class)(event_timeout_s=20)
 

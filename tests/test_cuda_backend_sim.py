@@ -14,7 +14,6 @@ import mmap
 
 import pytest
 import torch
-from sim_cuda_driver import DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
 
 from hisparse_hal import KVCacheConfig, LayerSpec
 from hisparse_hal.errors import (
@@ -26,6 +25,7 @@ from hisparse_hal.errors import (
     UnsupportedCapabilityError,
 )
 from hisparse_hal.registry import ProbeResult
+from hisparse_hal.testing.sim_cuda_driver import DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
 from hisparse_hal.vendors.cuda import driver as driver_module
 from hisparse_hal.vendors.cuda.backend import CudaBackend
 from hisparse_hal.vendors.cuda.capabilities import BATCH_CAP_ENV

@@ -241,9 +241,8 @@ CONTEXT_CALLS = ("cuInit", "cuCtxCreate", "cuDevicePrimaryCtxRetain", "cuCtxPush
 def _context_calls_during_probe(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Probe and select with torch looking like a CUDA 12.8 build, NVML showing three GPUs and libcuda replaced by
     the simulated driver; the context-creating calls the driver saw and torch's CUDA lazy inits, by name."""
-    from sim_cuda_driver import SimulatedCudaDriver
-
     from hisparse_hal import probe_backends, select_backend
+    from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver
     from hisparse_hal.vendors.cuda import driver
 
     install(monkeypatch, fake_pynvml())

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sim_cuda_driver import SimulatedCudaDriver
-from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 
 from hisparse_hal.backend import DeviceViews
 from hisparse_hal.errors import InvalidArgumentError
+from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver
+from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 from hisparse_hal.vendors.cuda.backend import CudaBackend
 from hisparse_hal.vendors.cuda.driver import CudaDriver
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from host_sync_guard import HostSyncError, no_host_sync
-from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 
 from hisparse_hal import gather
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.gather import gather_rows
+from hisparse_hal.testing.host_sync_guard import HostSyncError, no_host_sync
+from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 
 

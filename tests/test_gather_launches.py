@@ -21,11 +21,11 @@ _NEED = "the Triton id-check tests need triton and numpy (pip install -e '.[trit
 pytest.importorskip("triton", reason=_NEED)
 pytest.importorskip("numpy", reason=_NEED)
 
-from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
 from hisparse_hal.errors import InvalidArgumentError  # noqa: E402
 from hisparse_hal.gather import gather_rows, new_fault_record, raise_recorded_fault  # noqa: E402
+from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend  # noqa: E402
 from hisparse_hal.vendors import gather_check  # noqa: E402
 from hisparse_hal.vendors.gather_check import TritonIdCheck  # noqa: E402
 

@@ -11,11 +11,11 @@ import random
 
 import pytest
 import torch
-from sim_cuda_driver import DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
-from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 from hisparse_hal.host_registration import HostChunk, HostRegistration
+from hisparse_hal.testing.sim_cuda_driver import DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
+from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 from hisparse_hal.vendors import host_aliases
 from hisparse_hal.vendors.cuda.backend import CudaBackend
 from hisparse_hal.vendors.cuda.driver import CudaDriver

@@ -10,7 +10,6 @@ import types
 
 import pytest
 import torch
-from sim_hip_runtime import SimulatedHipRuntime, SimulatedIpcRing, capturing, simulated_rocm_backend
 
 from hisparse_hal import KVCacheConfig, LayerSpec
 from hisparse_hal.errors import (
@@ -21,6 +20,12 @@ from hisparse_hal.errors import (
     UnsupportedCapabilityError,
 )
 from hisparse_hal.registry import ProbeResult
+from hisparse_hal.testing.sim_hip_runtime import (
+    SimulatedHipRuntime,
+    SimulatedIpcRing,
+    capturing,
+    simulated_rocm_backend,
+)
 from hisparse_hal.vendors import torch_gpu
 from hisparse_hal.vendors.rocm.backend import RocmBackend
 from hisparse_hal.vendors.rocm.hip_runtime import HipRuntime
@@ -214,7 +219,7 @@ def test_device_addresses_translate_pinned_host_addresses_for_kernels_vectorized
 
 
 def test_a_kernel_given_the_host_address_instead_of_the_alias_faults_on_the_simulated_gpu():
-    from sim_hip_runtime import SimulatedGpuFault
+    from hisparse_hal.testing.sim_hip_runtime import SimulatedGpuFault
 
     sim = SimulatedHipRuntime("7.2.1")
     backend = simulated_rocm_backend(sim)

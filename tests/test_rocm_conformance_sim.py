@@ -31,7 +31,7 @@ def test_conformance_suite_passes_on_the_simulated_hip_runtime(tmp_path, release
             "--pyargs",
             "hisparse_hal.conformance.tests",
             "--hal-factory",
-            "sim_hip_runtime:conformance_backend",
+            "hisparse_hal.testing.sim_hip_runtime:conformance_backend",
             "--hal-report",
             str(report),
             "-q",

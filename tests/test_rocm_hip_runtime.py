@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from sim_hip_runtime import RELEASES, SimulatedHipRuntime
 
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError, InvalidArgumentError
 from hisparse_hal.regions import Region, RegionTable
+from hisparse_hal.testing.sim_hip_runtime import RELEASES, SimulatedHipRuntime
 from hisparse_hal.vendors.rocm.hip_runtime import (
     LIBRARY_NAMES,
     HipMemcpyAttributes,

@@ -111,7 +111,7 @@ def test_shared_pool_file_can_be_unlinked_while_mapped_and_reports_no_live_rank_
 @pytest.mark.timeout(300)
 def test_a_swap_that_copies_one_byte_short_is_reported_as_a_mismatch_naming_the_block():
     sys.path.insert(0, str(TESTS_DIR))
-    from broken_backends import SwapOneByteShort
+    from hisparse_hal.testing.broken_backends import SwapOneByteShort
 
     result = run_scenario(ScenarioConfig(ranks=2, steps=20, backend_factory=SwapOneByteShort, timeout_s=20))
     reader = result.ranks[1]

@@ -1,7 +1,7 @@
 """``hisparse-hal bench --submission``: host cost from ``swap_blocks_batch`` to the vendor batch call.
 
 Drives the real GPU backends (``CudaBackend`` + ``CudaDriver``, ``RocmBackend`` + ``HipRuntime``) over the
-SIMULATED vendor libraries of the source checkout's ``tests/`` folder, which is why this needs a checkout.
+SIMULATED vendor libraries shipped in :mod:`hisparse_hal.testing`, so it runs from an installed wheel too.
 The vendor batch call is replaced by a stub that only counts, so the figure is validation plus descriptor
 marshalling plus binding overhead, excluding the copy itself. Nothing here runs on, or says anything about, a GPU.
 """
@@ -13,18 +13,14 @@ import bisect
 import ctypes
 import dataclasses
 import functools
-import importlib
 import os
-import sys
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 
 import torch
 
 from ..backend import HiSparseBackend
-from ..errors import BackendUnavailableError, InvalidDescriptorError
+from ..errors import InvalidDescriptorError
 from .table import Column, format_table, write_json
 from .timing import time_runs
 
@@ -33,7 +29,6 @@ __all__ = [
     "bench_submission",
     "marginal_ns",
     "plain_marshalling",
-    "load_simulator",
     "SUBMISSION_COUNTS",
     "ENGINE_LAYERS",
 ]
@@ -61,24 +56,6 @@ class SubmissionFigure:
     def speedup_vs_plain(self) -> float:
         """The plain Python marshalling's median time over ours."""
         return self.plain_us / self.ours_median_us
-
-
-def load_simulator(module: str) -> ModuleType:
-    """Import a simulated vendor library (``sim_cuda_driver``, ``sim_hip_runtime``) from the checkout's tests/.
-
-    Raises:
-        BackendUnavailableError: the package is not running from a source checkout with ``tests/``.
-    """
-    tests = Path(__file__).resolve().parents[2] / "tests"
-    if not (tests / f"{module}.py").is_file():
-        raise BackendUnavailableError(
-            f"bench --submission drives the simulated vendor libraries in tests/{module}.py, which is not "
-            f"present next to the installed package ({tests}); run it from a source checkout "
-            "(pip install -e .)"
-        )
-    if str(tests) not in sys.path:
-        sys.path.insert(0, str(tests))
-    return importlib.import_module(module)
 
 
 _Backend = TypeVar("_Backend", bound=HiSparseBackend)
@@ -110,11 +87,11 @@ class _CountingStub:
 
 
 def _cuda_backend(device_memory: torch.Tensor) -> tuple[HiSparseBackend, Callable[[_CountingStub], None]]:
-    sim_module = load_simulator("sim_cuda_driver")
+    from ..testing.sim_cuda_driver import SimulatedCudaDriver
     from ..vendors.cuda.backend import CudaBackend
     from ..vendors.cuda.driver import CudaDriver
 
-    sim = sim_module.SimulatedCudaDriver(12080)
+    sim = SimulatedCudaDriver(12080)
     start = device_memory.data_ptr()
     sim._device_memory.append((start, start + device_memory.numel(), device_memory))  # as allocate_device does
     runtime = CudaDriver(0, sim)
@@ -131,10 +108,11 @@ def _cuda_backend(device_memory: torch.Tensor) -> tuple[HiSparseBackend, Callabl
 
 
 def _rocm_backend(device_memory: torch.Tensor) -> tuple[HiSparseBackend, Callable[[_CountingStub], None]]:
-    sim_module = load_simulator("sim_hip_runtime")
-    sim = sim_module.SimulatedHipRuntime("7.14", run_copies_immediately=True)
+    from ..testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
+
+    sim = SimulatedHipRuntime("7.14", run_copies_immediately=True)
     sim.adopt_device_memory(device_memory)
-    backend = sim_module.simulated_rocm_backend(sim, "gfx950", stream=_STREAM)
+    backend = simulated_rocm_backend(sim, "gfx950", stream=_STREAM)
 
     def install(stub: _CountingStub) -> None:
         backend.runtime._functions["hipMemcpyBatchAsync"] = stub  # benchmark only: exclude the vendor call
@@ -204,7 +182,6 @@ def bench_submission(repeats: int = 200, counts: tuple[int, ...] = SUBMISSION_CO
     the stubbed runs time the path that is proven to copy correctly.
 
     Raises:
-        BackendUnavailableError: not a source checkout (see :func:`load_simulator`).
         AssertionError: the proving swap moved wrong bytes.
     """
     largest = max(counts)

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from sim_cuda_driver import SimulatedCudaDriver
-from sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 
 from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.regions import Region
+from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver
+from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 from hisparse_hal.vendors.cuda.backend import CudaBackend
 from hisparse_hal.vendors.cuda.driver import CudaDriver

@@ -12,11 +12,11 @@ import dataclasses
 from typing import Any
 
 import torch
-from bad_input_worlds import BLOCK, GATHER_SHAPE, STAGING_ROWS, World
 from hypothesis import strategies as st
 
 from hisparse_hal.errors import InvalidArgumentError, InvalidDescriptorError
 from hisparse_hal.regions import Region
+from hisparse_hal.testing.bad_input_worlds import BLOCK, GATHER_SHAPE, STAGING_ROWS, World
 
 __all__ = ["BadCall", "Overlapping", "bad_gathers", "bad_registrations", "bad_swaps", "overlapping_swaps"]
 

@@ -1,0 +1,12 @@
+"""Test doubles and generators that vendors can reuse in their own CI, shipped with the package.
+
+- ``sim_cuda_driver``: a SIMULATED libcuda (C function pointers, real host bytes); not NVIDIA software.
+- ``sim_hip_runtime``: a SIMULATED libamdhip64 that behaves as each documented HIP release does; not AMD software.
+- ``broken_backends``: the CPU reference device with one planted bug each; the conformance suite must fail each
+  in its area (``hisparse-hal conformance --factory hisparse_hal.testing.broken_backends:<Class>``).
+- ``bad_input_worlds`` and ``bad_input_strategies``: guarded memory worlds and Hypothesis strategies for input
+  every backend must refuse (the strategies need ``hypothesis``, from the ``[test]`` extra).
+- ``host_sync_guard``: fails on any host read of a tensor value, which a CUDA/HIP graph capture cannot do.
+
+None of this is imported by ``import hisparse_hal``, and nothing in it proves anything about a GPU.
+"""
