@@ -11,7 +11,7 @@ echo "== ruff"
 
 echo "== mypy"
 "$python" -m mypy -p hisparse_hal -m hisparse_hal_launcher
-MYPYPATH="tests" "$python" -m mypy tests ci
+"$python" -m mypy tests ci
 
 echo "== actionlint (.github/workflows)"
 actionlint

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 import torch
-from cache_ops_model import I32, Model
-from poisoned_outputs import ResolveOutputs
 
 from hisparse_hal.cache_ops import host_impl, oracle, tables, torch_impl
 from hisparse_hal.cache_ops.sequences import POISON as P
 from hisparse_hal.errors import InvalidArgumentError, UnionOverflowError, UnknownTableError
+from tests.cache_ops.model import I32, Model
+from tests.cache_ops.poisoned_outputs import ResolveOutputs
 
 
 @pytest.fixture(params=[oracle, torch_impl, host_impl], ids=["oracle", "torch", "host"])

@@ -7,8 +7,6 @@ from typing import Any
 
 import pytest
 import torch
-from cache_ops_model import I32, Model
-from poisoned_outputs import ResolveOutputs
 
 from hisparse_hal.cache_ops import device_checks, host_impl, oracle, torch_impl
 from hisparse_hal.cache_ops.sequences import (
@@ -20,6 +18,8 @@ from hisparse_hal.cache_ops.sequences import (
     run_sequence,
 )
 from hisparse_hal.testing.host_sync_guard import HostSyncError, no_host_sync
+from tests.cache_ops.model import I32, Model
+from tests.cache_ops.poisoned_outputs import ResolveOutputs
 
 _mask = torch.tensor([True, False, True])
 _values = torch.tensor([3, 1, 2])

@@ -14,7 +14,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from interrupt_watch import Interrupted, interrupt
+
+from tests.cli.interrupt_watch import Interrupted, interrupt
 
 SOAK = int(os.environ.get("HISPARSE_SOAK_INTERRUPTS", "0") or 0)
 

@@ -15,7 +15,6 @@ import pytest
 from hisparse_hal.conformance.report import AREAS, OUTCOMES
 from hisparse_hal.testing.broken_backends import BROKEN, MUST_FAIL
 
-TESTS_DIR = Path(__file__).resolve().parent
 BROKEN_MODULE = "hisparse_hal.testing.broken_backends"
 
 
@@ -23,7 +22,6 @@ def _conformance(tmp_path: Path, *args: str, timeout: float = 900) -> tuple[subp
     """Run ``hisparse-hal conformance`` in a fresh interpreter (cwd: a temp dir) with a report."""
     env = dict(os.environ)
     env.pop("HISPARSE_HAL_BACKEND", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     report = tmp_path / "report"
     done = subprocess.run(
         [sys.executable, "-m", "hisparse_hal.cli", "conformance", *args, "--report", str(report)],

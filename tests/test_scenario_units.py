@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +17,6 @@ from hisparse_hal.scenario import FaultPlan, ScenarioConfig, choose_sync, run_sc
 from hisparse_hal.scenario.blocks import find_mismatches, plan_step, step_rows
 from hisparse_hal.scenario.config import ROW_BYTES
 from hisparse_hal.scenario.pool import SharedPool
-
-TESTS_DIR = Path(__file__).resolve().parent
 
 
 def _caps(ipc_events: bool, limit: int | None) -> Capabilities:
@@ -110,7 +107,6 @@ def test_shared_pool_file_can_be_unlinked_while_mapped_and_reports_no_live_rank_
 
 @pytest.mark.timeout(300)
 def test_a_swap_that_copies_one_byte_short_is_reported_as_a_mismatch_naming_the_block():
-    sys.path.insert(0, str(TESTS_DIR))
     from hisparse_hal.testing.broken_backends import SwapOneByteShort
 
     result = run_scenario(ScenarioConfig(ranks=2, steps=20, backend_factory=SwapOneByteShort, timeout_s=20))

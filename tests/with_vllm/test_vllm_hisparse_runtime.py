@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 import torch
-from cpu_standins import install
-from vllm_env import loaded_plugin, require_vllm
+
+from tests.with_vllm.cpu_standins import install
+from tests.with_vllm.vllm_env import loaded_plugin, require_vllm
 
 require_vllm()
 

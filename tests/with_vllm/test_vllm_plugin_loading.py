@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from vllm_env import BACKEND, loaded_plugin, require_vllm
+
+from tests.with_vllm.vllm_env import BACKEND, loaded_plugin, require_vllm
 
 require_vllm()
 

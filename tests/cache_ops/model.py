@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from poisoned_outputs import ResolveOutputs
+
+from tests.cache_ops.poisoned_outputs import ResolveOutputs
 
 __all__ = ["I32", "Model"]
 
