@@ -2,7 +2,7 @@
 # The real-vLLM tests in their own virtual environment: torch 2.13.0 (CPU), vllm==0.34.0 without its dependencies
 # (it pins torch 2.14.0 and CUDA-only packages), exactly the packages its HiSparse modules and plugin loader import
 # (ci/vllm-requirements.txt, all pinned, installed with --no-deps so pip never replaces torch), and this project
-# with its entry point. Then tests/with_vllm, and vLLM 0.34.0's own CPU-runnable HiSparse tests
+# with its entry point. Then tests/integrations/with_vllm, and vLLM 0.34.0's own CPU-runnable HiSparse tests
 # (ci/vllm-own-tests.sh, about 20 s on 2 cores).
 #
 # Usage: ci/vllm-tests.sh   (HISPARSE_VLLM_VENV=path reuses or places the venv; default: a fresh temp dir)
@@ -24,8 +24,8 @@ echo "== vLLM venv ready in $(( $(date +%s) - start )) s"
 
 echo "== hisparse-hal vllm-check --json (exit 1 expected: a CPU-only machine has no accelerator for vLLM's HiSparse)"
 HISPARSE_HAL_VLLM_BACKEND=cpu hisparse-hal vllm-check --json || true
-echo "== tests/with_vllm against vLLM $(python -c 'import vllm; print(vllm.__version__)')"
-python -m pytest -p no:xdist -q tests/with_vllm
+echo "== tests/integrations/with_vllm against vLLM $(python -c 'import vllm; print(vllm.__version__)')"
+python -m pytest -p no:xdist -q tests/integrations/with_vllm
 echo "== vLLM 0.34.0's own HiSparse unit tests with hisparse-hal's backend"
 HISPARSE_VLLM_VENV="$venv" bash ci/vllm-own-tests.sh
 echo "== vLLM step took $(( $(date +%s) - start )) s"

@@ -1,0 +1,1 @@
+"""The benchmarks (``hisparse_hal/bench/``): behaviour and output, never speed."""

@@ -1,0 +1,1 @@
+"""CI tooling (``ci/``) and the README's commands, which CI runs verbatim."""

@@ -1,0 +1,1 @@
+"""The tensor-parallel scenario (``hisparse_hal/scenario/``), one file per module."""

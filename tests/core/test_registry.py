@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,41 +13,7 @@ import torch
 import hisparse_hal
 from hisparse_hal import probing, registry
 from hisparse_hal.errors import BackendUnavailableError
-
-PLUGIN = '''
-"""A third-party backend registered only through an entry point (test fixture)."""
-import os
-import torch
-from hisparse_hal import HiSparseBackend, BackendSpec, Probe, Capabilities
-
-class FakeBackend(HiSparseBackend):
-    name = "fake"
-    @property
-    def device(self):
-        return torch.device("cpu")
-    @property
-    def capabilities(self):
-        return Capabilities("loop", None, False, None, False, False, False, frozenset({"bf16"}))
-
-def probe():
-    mode = os.environ.get("FAKE_HAL_MODE", "available")
-    if mode == "raise":
-        raise OSError("libfake.so: cannot open shared object file")
-    return Probe(mode == "available", f"fake accelerator mode {mode}", {"fake_version": "1.2"})
-
-SPEC = BackendSpec("fake", int(os.environ.get("FAKE_HAL_PRIORITY", "50")), probe, "fake_hal_plugin:FakeBackend")
-NOT_A_BACKEND = BackendSpec("not_a_backend", 99, probe, "fake_hal_plugin:probe")
-TWIN = BackendSpec("fake_twin", int(os.environ.get("FAKE_HAL_PRIORITY", "50")), probe, "fake_hal_plugin:FakeBackend")
-'''
-
-
-def _install_plugin(root: Path, entries: dict[str, str]) -> None:
-    (root / "fake_hal_plugin.py").write_text(PLUGIN)
-    info = root / "fake_hal_plugin-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-hal-plugin\nVersion: 0.1\n")
-    lines = "\n".join(f"{name} = {target}" for name, target in entries.items())
-    (info / "entry_points.txt").write_text(f"[hisparse_hal.backends]\n{lines}\n")
+from tests.core.fake_plugin import install_plugin
 
 
 def _chosen_name() -> str | None:
@@ -57,23 +22,6 @@ def _chosen_name() -> str | None:
     return None if chosen is None else chosen.name
 
 
-@pytest.fixture
-def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    _install_plugin(tmp_path, {"fake": "fake_hal_plugin:SPEC"})
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "fake_hal_plugin", raising=False)
-    return tmp_path
-
-
-def test_probe_backends_lists_builtin_backends_with_reasons():
-    results = {r.name: r for r in hisparse_hal.probe_backends()}
-    assert {"cpu", "cuda", "rocm"} <= set(results)
-    for result in results.values():
-        assert len(result.reason) > 10, result
-    assert results["cpu"].available
-    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        assert not results["cuda"].available and "CPU build" in results["cuda"].reason
-        assert not results["rocm"].available and "CPU build" in results["rocm"].reason
 
 
 def test_cpu_backend_chosen_only_because_torch_has_no_gpu_build(monkeypatch):
@@ -124,7 +72,7 @@ def test_strict_request_of_unavailable_backend_raises_with_reason(plugin, monkey
 
 
 def test_tie_between_top_candidates_is_an_error_naming_them(tmp_path, monkeypatch):
-    _install_plugin(tmp_path, {"fake": "fake_hal_plugin:SPEC", "fake_twin": "fake_hal_plugin:TWIN"})
+    install_plugin(tmp_path, {"fake": "fake_hal_plugin:SPEC", "fake_twin": "fake_hal_plugin:TWIN"})
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "fake_hal_plugin", raising=False)
     with pytest.raises(
@@ -133,30 +81,10 @@ def test_tie_between_top_candidates_is_an_error_naming_them(tmp_path, monkeypatc
         registry.select_backend()
 
 
-def test_probe_that_raises_is_recorded_with_traceback(plugin, monkeypatch):
-    monkeypatch.setenv("FAKE_HAL_MODE", "raise")
-    result = next(r for r in hisparse_hal.probe_backends() if r.name == "fake")
-    assert not result.available
-    assert result.reason == "probe raised OSError: libfake.so: cannot open shared object file"
-    assert result.error is not None and "Traceback" in result.error and "fake_hal_plugin.py" in result.error
-    assert _chosen_name() == "cpu"
 
 
-def test_entry_point_that_fails_to_load_is_reported_not_skipped(tmp_path, monkeypatch):
-    _install_plugin(tmp_path, {"broken": "no_such_module_xyz:SPEC"})
-    monkeypatch.syspath_prepend(str(tmp_path))
-    result = next(r for r in hisparse_hal.probe_backends() if r.name == "broken")
-    assert not result.available
-    assert "failed to load" in result.reason and "no_such_module_xyz" in result.reason
-    assert result.error is not None and "ModuleNotFoundError" in result.error
 
 
-def test_check_available_raises_for_unavailable_registered_backend(plugin, monkeypatch):
-    backend = hisparse_hal.get_backend("fake")
-    backend.check_available()
-    monkeypatch.setenv("FAKE_HAL_MODE", "gone")
-    with pytest.raises(BackendUnavailableError, match="backend 'fake' is unavailable: fake accelerator mode gone"):
-        backend.check_available()
 
 
 def test_unimplemented_member_names_backend_and_member(plugin):
@@ -195,7 +123,7 @@ def test_import_probe_and_select_create_no_device_context_and_load_no_unchosen_b
 
 
 def test_registered_class_that_is_not_a_backend_is_a_typed_error(tmp_path, monkeypatch):
-    _install_plugin(tmp_path, {"not_a_backend": "fake_hal_plugin:NOT_A_BACKEND"})
+    install_plugin(tmp_path, {"not_a_backend": "fake_hal_plugin:NOT_A_BACKEND"})
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "fake_hal_plugin", raising=False)
     registry.reset_backend_cache()

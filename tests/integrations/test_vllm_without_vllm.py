@@ -1,6 +1,6 @@
 """The vLLM plugin where vLLM is not installed: it imports, selects nothing, and ``vllm-check`` says so.
 
-With vLLM installed these skip; tests/with_vllm covers that side against the real package.
+With vLLM installed these skip; tests/integrations/with_vllm covers that side against the real package.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hisparse_hal.errors import BackendUnavailableError
 from hisparse_hal.integrations import vllm as plugin
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
-                                reason="vLLM is installed; tests/with_vllm covers the plugin with it")
+                                reason="vLLM is installed; tests/integrations/with_vllm covers the plugin with it")
 
 
 def test_register_without_vllm_selects_nothing() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.with_vllm.vllm_env import BACKEND, loaded_plugin, require_vllm
+from tests.integrations.with_vllm.vllm_env import BACKEND, loaded_plugin, require_vllm
 
 require_vllm()
 

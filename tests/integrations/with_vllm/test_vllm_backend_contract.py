@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.with_vllm.cpu_standins import install
-from tests.with_vllm.vllm_env import loaded_plugin, require_vllm
+from tests.integrations.with_vllm.cpu_standins import install
+from tests.integrations.with_vllm.vllm_env import loaded_plugin, require_vllm
 
 require_vllm()
 

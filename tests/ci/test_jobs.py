@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("ci_jobs", REPO / "ci" / "jobs.py")
 assert _spec is not None and _spec.loader is not None
 ci_jobs = importlib.util.module_from_spec(_spec)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SELECTION = "test_probe or test_config"  # two small areas: a quick run with real tests in it
 
 

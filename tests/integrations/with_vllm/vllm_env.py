@@ -15,7 +15,8 @@ BACKEND = "cpu"
 def require_vllm() -> Any:
     """The vllm module, or a skip saying why these tests cannot run here."""
     vllm = pytest.importorskip(
-        "vllm", reason="vLLM is not installed; ci/vllm-tests.sh runs tests/with_vllm in a venv with vllm==0.34.0"
+        "vllm",
+        reason="vLLM is not installed; ci/vllm-tests.sh runs tests/integrations/with_vllm in a venv with vllm==0.34.0",
     )
     if vllm.__version__ != VLLM_VERSION:
         pytest.skip(f"these tests pin vLLM {VLLM_VERSION}'s call sites; installed is {vllm.__version__}")

@@ -6,8 +6,8 @@ vLLM resolves the backend itself (``get_hisparse_backend()`` after ``load_genera
 (``hisparse_resolve_residency`` / ``hisparse_gather_compact``), ``HiSparseSlotInvalidator``
 (``hisparse_invalidate_written_slots``) and ``gather_prefill_cache`` (``gather_resident_rows`` /
 ``hisparse_gather_plan``). The test builds the objects and checks bytes, indices and stats against its own model.
-CPU stand-ins (tests/with_vllm/cpu_standins.py) replace only the torch stream/event/pinned-memory calls a CPU-only
-torch cannot serve.
+CPU stand-ins (``cpu_standins.py`` beside this file) replace only the torch stream/event/pinned-memory calls a
+CPU-only torch cannot serve.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.with_vllm.cpu_standins import install
-from tests.with_vllm.vllm_env import loaded_plugin, require_vllm
+from tests.integrations.with_vllm.cpu_standins import install
+from tests.integrations.with_vllm.vllm_env import loaded_plugin, require_vllm
 
 require_vllm()
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from test_vllm_backend_contract import vllm_config
 
-from tests.with_vllm.cpu_standins import install
-from tests.with_vllm.vllm_env import loaded_plugin, require_vllm
+from tests.integrations.with_vllm.cpu_standins import install
+from tests.integrations.with_vllm.vllm_env import loaded_plugin, require_vllm
 
 require_vllm()
 
