@@ -47,12 +47,15 @@ def _describe(tensor: torch.Tensor) -> str:
     return f"{tensor.dtype} {tuple(tensor.shape)} strides {tuple(tensor.stride())} on {tensor.device}"
 
 
-def _tensor(name: str, value: object, *, optional: bool = False) -> torch.Tensor | None:
-    if value is None and optional:
-        return None
+def _required(name: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
-        expected = "a torch.Tensor or None" if optional else "a torch.Tensor"
-        raise _fail(name, f"{type(value).__name__} {value!r:.60}", expected)
+        raise _fail(name, f"{type(value).__name__} {value!r:.60}", "a torch.Tensor")
+    return value
+
+
+def _optional(name: str, value: object) -> torch.Tensor | None:
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise _fail(name, f"{type(value).__name__} {value!r:.60}", "a torch.Tensor or None")
     return value
 
 
@@ -116,8 +119,7 @@ def row_bytes(name: str, cache: torch.Tensor) -> int:
 
 
 def _host_cache(host_cache: object) -> torch.Tensor:
-    host = _tensor("host_cache", host_cache)
-    assert host is not None
+    host = _required("host_cache", host_cache)
     _ndim("host_cache", host, 2)
     _contiguous("host_cache", host)
     row_bytes("host_cache", host)
@@ -132,8 +134,7 @@ def _rows_contiguous(name: str, cache: torch.Tensor) -> None:
 
 
 def _hot_cache(hot_cache: object, device: torch.device) -> tuple[torch.Tensor, int]:
-    hot = _tensor("hot_cache", hot_cache)
-    assert hot is not None
+    hot = _required("hot_cache", hot_cache)
     if hot.dim() != 3:  # vLLM 0.34.0 dropped the 2-D staging form (hisparse_kernels.cu:1339-1403)
         raise _fail("hot_cache", _describe(hot), "a 3-D paged cache [num_blocks, block_size, row_width]")
     _device("hot_cache", hot, device)
@@ -258,16 +259,181 @@ class InvalidateInputs:
                 or self.num_state_rows == 0 or self.region_stride == 0)
 
 
-def _vector(name: str, value: object, dtype: torch.dtype, device: torch.device, *, optional: bool = False,
-            contiguous: bool = True) -> torch.Tensor | None:
-    vector = _tensor(name, value, optional=optional)
-    if vector is not None:
-        _dtype(name, vector, dtype)
-        _ndim(name, vector, 1)
-        _device(name, vector, device)
-        if contiguous:
-            _contiguous(name, vector)
+def _vector(name: str, value: object, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    vector = _required(name, value)
+    _vector_of(name, vector, dtype, device)
     return vector
+
+
+def _optional_vector(name: str, value: object, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    vector = _optional(name, value)
+    if vector is not None:
+        _vector_of(name, vector, dtype, device)
+    return vector
+
+
+def _vector_of(name: str, vector: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
+    """A contiguous 1-D tensor of ``dtype`` on ``device``."""
+    _dtype(name, vector, dtype)
+    _ndim(name, vector, 1)
+    _device(name, vector, device)
+    _contiguous(name, vector)
+
+
+def _check_topk(global_indices: object) -> torch.Tensor:
+    """``global_indices``: int32 ``[rows, top_k]`` with unit last stride; its device is the ops' device."""
+    topk = _required("global_indices", global_indices)
+    _dtype("global_indices", topk, _I32)
+    _ndim("global_indices", topk, 2)
+    _unit_last_stride("global_indices", topk)
+    return topk
+
+
+def _check_state(device_global_indices: object, lru_slots: object, region_stride: object, top_k: int,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The persistent state: DGI int32 and LRU int16 ``[states, hot slots]``, ``top_k <= slots <= 2**15``."""
+    dgi = _required("device_global_indices", device_global_indices)
+    _int32_matrix("device_global_indices", dgi, device, None)
+    _contiguous("device_global_indices", dgi)
+    num_states, hot_size = dgi.shape
+    lru = _required("lru_slots", lru_slots)
+    _dtype("lru_slots", lru, torch.int16)
+    _shape("lru_slots", lru, (num_states, hot_size))
+    _device("lru_slots", lru, device)
+    _contiguous("lru_slots", lru)
+    if hot_size < top_k:
+        raise _fail("lru_slots", f"{hot_size} slots per state row", f"at least top_k = {top_k} slots")
+    if hot_size > MAX_HOT_SLOTS:
+        raise _fail("lru_slots", f"{hot_size} slots per state row", f"at most {MAX_HOT_SLOTS} (slots are int16)")
+    _int("region_stride", region_stride, hot_size, hot_size,
+         " (it must equal device_global_indices.size(1), the hot slots per state row)")
+    return dgi, lru
+
+
+def _check_stats(stats: object, device: torch.device) -> torch.Tensor | None:
+    """``stats``: ``[hits, misses]`` in vLLM's ``stats_dtype`` (uint64) or int64, or None."""
+    counters = _optional("stats", stats)
+    if counters is not None:
+        if counters.dtype not in (torch.uint64, torch.int64):
+            raise _fail("stats", _describe(counters), "dtype torch.uint64 (vLLM's stats_dtype) or torch.int64")
+        _shape("stats", counters, (2,))
+        _device("stats", counters, device)
+        _contiguous("stats", counters)
+    return counters
+
+
+def _check_attention(attention_indices: object, attention_block_stride: object, shape: tuple[int, int],
+                     block_size: int, device: torch.device) -> torch.Tensor | None:
+    """``attention_indices`` (row-strided int32 like ``global_indices``) and its block stride."""
+    _int("attention_block_stride", attention_block_stride)
+    attention = _optional("attention_indices", attention_indices)
+    if attention is not None:
+        _int32_matrix("attention_indices", attention, device, shape)
+        _unit_last_stride("attention_indices", attention)
+        _int("attention_block_stride", attention_block_stride, block_size, None,
+             f" (at least the hot block size {block_size} when attention_indices is given)")
+    return attention
+
+
+def _check_sources(request_ids: object, source_block_table: object, source_block_size: object, num_rows: int,
+                   device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``request_ids`` and ``source_block_table``: both or neither; the table's block size when given."""
+    requests = _optional("request_ids", request_ids)
+    source = _optional("source_block_table", source_block_table)
+    if (requests is None) != (source is None):
+        given, missing = ("request_ids", "source_block_table") if source is None else ("source_block_table",
+                                                                                        "request_ids")
+        raise _fail(missing, "None", f"a tensor because {given} is given (pass both or neither)")
+    _int("source_block_size", source_block_size)
+    if requests is not None and source is not None:
+        _dtype("request_ids", requests, _I32)
+        _device("request_ids", requests, device)
+        _contiguous("request_ids", requests)
+        if requests.numel() < num_rows:
+            raise _fail("request_ids", _describe(requests), f"at least {num_rows} elements (one per row)")
+        _int32_matrix("source_block_table", source, device, None)
+        _unit_last_stride("source_block_table", source)
+        _int("source_block_size", source_block_size, 1, None, " when source_block_table is given")
+    return requests, source
+
+
+def _check_hot_table(hot_block_table: object, needed_rows: int, hot_size: int, block_size: int,
+                     device: torch.device) -> torch.Tensor:
+    """``hot_block_table``: a row per request row and enough columns for every hot slot."""
+    table = _required("hot_block_table", hot_block_table)
+    _int32_matrix("hot_block_table", table, device, None)
+    _unit_last_stride("hot_block_table", table)
+    if table.size(0) < needed_rows:
+        raise _fail("hot_block_table", _describe(table), f"at least {needed_rows} rows (one per request row)")
+    needed_cols = -(-hot_size // block_size)
+    if table.size(1) < needed_cols:
+        raise _fail("hot_block_table", _describe(table),
+                    f"at least {needed_cols} columns (ceil({hot_size} slots / block size {block_size}))")
+    return table
+
+
+def _check_valid_counts(valid_counts: object, num_rows: int, device: torch.device) -> torch.Tensor | None:
+    counts = _optional("valid_counts", valid_counts)
+    if counts is not None:  # vLLM's own tests pass row-strided views here: any stride
+        _dtype("valid_counts", counts, _I32)
+        _shape("valid_counts", counts, (num_rows,))
+        _device("valid_counts", counts, device)
+    return counts
+
+
+_SWAP_OUTPUTS = ("swap_host_physical_rows", "swap_device_physical_rows", "swap_counts")
+
+
+def _check_swap_plan(outputs: tuple[object, object, object], shape: tuple[int, int],
+                     device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The three swap-plan outputs: all or none; two flat ``[rows * top_k]`` plans (design note §3.3 step 4) and
+    a count per row."""
+    host_rows, device_rows, counts = (_optional(name, out) for name, out in zip(_SWAP_OUTPUTS, outputs, strict=True))
+    given = (host_rows, device_rows, counts)
+    present = [name for name, value in zip(_SWAP_OUTPUTS, given, strict=True) if value is not None]
+    if present and len(present) != len(_SWAP_OUTPUTS):
+        absent = [name for name in _SWAP_OUTPUTS if name not in present]
+        raise _fail(absent[0], "None", f"a tensor because {present[0]} is given (pass all three swap outputs or none)")
+    for name, plan in ((_SWAP_OUTPUTS[0], host_rows), (_SWAP_OUTPUTS[1], device_rows)):
+        if plan is not None:
+            _int32_matrix(name, plan, device, shape)
+            _contiguous(name, plan)
+    if counts is not None:
+        _dtype("swap_counts", counts, _I32)
+        _device("swap_counts", counts, device)
+        _contiguous("swap_counts", counts)
+        if counts.numel() < shape[0]:
+            raise _fail("swap_counts", _describe(counts), f"at least {shape[0]} elements (one per row)")
+    return host_rows, device_rows, counts
+
+
+def _check_resident(resident_block_table: object, resident_block_size: object, has_source: bool, block_size: int,
+                    device: torch.device) -> torch.Tensor | None:
+    """``resident_block_table`` (read by state row) needs a source table and the hot block size."""
+    _int("resident_block_size", resident_block_size)
+    resident = _optional("resident_block_table", resident_block_table)
+    if resident is not None:
+        if not has_source:
+            raise _fail("source_block_table", "None",
+                        "a tensor: resident_block_table is given, and the resident lookup needs a source table")
+        _int32_matrix("resident_block_table", resident, device, None)
+        _unit_last_stride("resident_block_table", resident)
+        _int("resident_block_size", resident_block_size, block_size, block_size,
+             " (the hot block size, when resident_block_table is given)")
+    return resident
+
+
+def _check_valid_rows(num_valid_rows: object, has_requests: bool, device: torch.device) -> torch.Tensor | None:
+    """``num_valid_rows``: one int32 on the device (``query_start_loc[-1:]``); it masks ``request_ids``."""
+    valid_rows = _optional("num_valid_rows", num_valid_rows)
+    if valid_rows is not None:
+        if not has_requests:
+            raise _fail("request_ids", "None", "a tensor: num_valid_rows is given, and it masks request_ids")
+        _dtype("num_valid_rows", valid_rows, _I32)
+        if valid_rows.numel() != 1:
+            raise _fail("num_valid_rows", _describe(valid_rows), "one int32 element (query_start_loc[-1:])")
+        _device("num_valid_rows", valid_rows, device)
+    return valid_rows
 
 
 def check_resolve_residency(
@@ -308,139 +474,30 @@ def check_resolve_residency(
     Raises:
         InvalidArgumentError: naming the first bad argument, its value and what was expected.
     """
-    topk = _tensor("global_indices", global_indices)
-    assert topk is not None
-    _dtype("global_indices", topk, _I32)
-    _ndim("global_indices", topk, 2)
-    _unit_last_stride("global_indices", topk)
+    topk = _check_topk(global_indices)
     device = topk.device
     num_rows, top_k = topk.shape
     host = _host_cache(host_cache)
     hot, block_size = _hot_cache(hot_cache, device)
-
-    hot_out = _tensor("hot_indices", hot_indices)
-    assert hot_out is not None
+    hot_out = _required("hot_indices", hot_indices)
     _int32_matrix("hot_indices", hot_out, device, (num_rows, top_k))
     _contiguous("hot_indices", hot_out)
-
-    dgi = _tensor("device_global_indices", device_global_indices)
-    assert dgi is not None
-    _int32_matrix("device_global_indices", dgi, device, None)
-    _contiguous("device_global_indices", dgi)
+    dgi, lru = _check_state(device_global_indices, lru_slots, region_stride, top_k, device)
     num_states, hot_size = dgi.shape
-    lru = _tensor("lru_slots", lru_slots)
-    assert lru is not None
-    _dtype("lru_slots", lru, torch.int16)
-    _shape("lru_slots", lru, (num_states, hot_size))
-    _device("lru_slots", lru, device)
-    _contiguous("lru_slots", lru)
-    if hot_size < top_k:
-        raise _fail("lru_slots", f"{hot_size} slots per state row", f"at least top_k = {top_k} slots")
-    if hot_size > MAX_HOT_SLOTS:
-        raise _fail("lru_slots", f"{hot_size} slots per state row", f"at most {MAX_HOT_SLOTS} (slots are int16)")
-    _int("region_stride", region_stride, hot_size, hot_size,
-         " (it must equal device_global_indices.size(1), the hot slots per state row)")
-
-    states = _vector("request_state_indices", request_state_indices, _I32, device, optional=True)
+    states = _optional_vector("request_state_indices", request_state_indices, _I32, device)
     if states is None and num_states < num_rows:
-        raise _fail(
-            "device_global_indices", f"{num_states} state rows",
-            f"at least {num_rows} (one per batch row) when request_state_indices is None",
-        )
-
-    counters = _tensor("stats", stats, optional=True)
-    if counters is not None:
-        if counters.dtype not in (torch.uint64, torch.int64):
-            raise _fail("stats", _describe(counters), "dtype torch.uint64 (vLLM's stats_dtype) or torch.int64")
-        _shape("stats", counters, (2,))
-        _device("stats", counters, device)
-        _contiguous("stats", counters)
-
-    _int("attention_block_stride", attention_block_stride)
-    attention = _tensor("attention_indices", attention_indices, optional=True)
-    if attention is not None:
-        _int32_matrix("attention_indices", attention, device, (num_rows, top_k))
-        _unit_last_stride("attention_indices", attention)
-        _int("attention_block_stride", attention_block_stride, block_size, None,
-             f" (at least the hot block size {block_size} when attention_indices is given)")
-
-    requests = _tensor("request_ids", request_ids, optional=True)
-    source = _tensor("source_block_table", source_block_table, optional=True)
-    if (requests is None) != (source is None):
-        given, missing = ("request_ids", "source_block_table") if source is None else ("source_block_table",
-                                                                                        "request_ids")
-        raise _fail(missing, "None", f"a tensor because {given} is given (pass both or neither)")
-    _int("source_block_size", source_block_size)
-    if requests is not None and source is not None:
-        _dtype("request_ids", requests, _I32)
-        _device("request_ids", requests, device)
-        _contiguous("request_ids", requests)
-        if requests.numel() < num_rows:
-            raise _fail("request_ids", _describe(requests), f"at least {num_rows} elements (one per row)")
-        _int32_matrix("source_block_table", source, device, None)
-        _unit_last_stride("source_block_table", source)
-        _int("source_block_size", source_block_size, 1, None, " when source_block_table is given")
-
-    table = _tensor("hot_block_table", hot_block_table)
-    assert table is not None
-    _int32_matrix("hot_block_table", table, device, None)
-    _unit_last_stride("hot_block_table", table)
+        raise _fail("device_global_indices", f"{num_states} state rows",
+                    f"at least {num_rows} (one per batch row) when request_state_indices is None")
+    counters = _check_stats(stats, device)
+    attention = _check_attention(attention_indices, attention_block_stride, (num_rows, top_k), block_size, device)
+    requests, source = _check_sources(request_ids, source_block_table, source_block_size, num_rows, device)
     needed_rows = source.size(0) if source is not None else num_rows
-    if table.size(0) < needed_rows:
-        raise _fail("hot_block_table", _describe(table), f"at least {needed_rows} rows (one per request row)")
-    needed_cols = -(-hot_size // block_size)
-    if table.size(1) < needed_cols:
-        raise _fail("hot_block_table", _describe(table),
-                    f"at least {needed_cols} columns (ceil({hot_size} slots / block size {block_size}))")
-
-    counts = _tensor("valid_counts", valid_counts, optional=True)
-    if counts is not None:  # vLLM's own tests pass row-strided views here: any stride
-        _dtype("valid_counts", counts, _I32)
-        _shape("valid_counts", counts, (num_rows,))
-        _device("valid_counts", counts, device)
-
-    swaps = {
-        "swap_host_physical_rows": _tensor("swap_host_physical_rows", swap_host_physical_rows, optional=True),
-        "swap_device_physical_rows": _tensor("swap_device_physical_rows", swap_device_physical_rows, optional=True),
-        "swap_counts": _tensor("swap_counts", swap_counts, optional=True),
-    }
-    present = [name for name, value in swaps.items() if value is not None]
-    if present and len(present) != len(swaps):
-        absent = [name for name in swaps if name not in present]
-        raise _fail(absent[0], "None", f"a tensor because {present[0]} is given (pass all three swap outputs or none)")
-    for name in ("swap_host_physical_rows", "swap_device_physical_rows"):
-        out = swaps[name]
-        if out is not None:  # one flat [rows * top_k] plan (design note §3.3 step 4)
-            _int32_matrix(name, out, device, (num_rows, top_k))
-            _contiguous(name, out)
-    swap_count = swaps["swap_counts"]
-    if swap_count is not None:
-        _dtype("swap_counts", swap_count, _I32)
-        _device("swap_counts", swap_count, device)
-        _contiguous("swap_counts", swap_count)
-        if swap_count.numel() < num_rows:
-            raise _fail("swap_counts", _describe(swap_count), f"at least {num_rows} elements (one per row)")
-
-    _int("resident_block_size", resident_block_size)
-    resident = _tensor("resident_block_table", resident_block_table, optional=True)
-    if resident is not None:
-        if source is None:
-            raise _fail("source_block_table", "None",
-                        "a tensor: resident_block_table is given, and the resident lookup needs a source table")
-        _int32_matrix("resident_block_table", resident, device, None)
-        _unit_last_stride("resident_block_table", resident)
-        _int("resident_block_size", resident_block_size, block_size, block_size,
-             " (the hot block size, when resident_block_table is given)")
-
-    valid_rows = _tensor("num_valid_rows", num_valid_rows, optional=True)
-    if valid_rows is not None:
-        if requests is None:
-            raise _fail("request_ids", "None", "a tensor: num_valid_rows is given, and it masks request_ids")
-        _dtype("num_valid_rows", valid_rows, _I32)
-        if valid_rows.numel() != 1:
-            raise _fail("num_valid_rows", _describe(valid_rows), "one int32 element (query_start_loc[-1:])")
-        _device("num_valid_rows", valid_rows, device)
-
+    table = _check_hot_table(hot_block_table, needed_rows, hot_size, block_size, device)
+    counts = _check_valid_counts(valid_counts, num_rows, device)
+    swap_plan = _check_swap_plan((swap_host_physical_rows, swap_device_physical_rows, swap_counts),
+                                 (num_rows, top_k), device)
+    resident = _check_resident(resident_block_table, resident_block_size, source is not None, block_size, device)
+    valid_rows = _check_valid_rows(num_valid_rows, requests is not None, device)
     if num_rows and top_k:
         _int("max_union_rows", max_union_rows, 1, hot_size, f" (1 to the {hot_size} hot slots)")
     else:
@@ -450,8 +507,7 @@ def check_resolve_residency(
     assert isinstance(resident_block_size, int)
     return ResolveInputs(
         host, hot, table, topk, hot_out, dgi, lru, states, region_stride, max_union_rows, counters, attention,
-        attention_block_stride, requests, source, source_block_size, counts,
-        swaps["swap_host_physical_rows"], swaps["swap_device_physical_rows"], swap_count, resident,
+        attention_block_stride, requests, source, source_block_size, counts, *swap_plan, resident,
         resident_block_size, valid_rows,
         num_rows=num_rows, top_k=top_k, host_rows=host.size(0), block_size=block_size, hot_size=hot_size,
         num_states=num_states, device=device,
@@ -465,8 +521,7 @@ def _check_gather(
     """The two gathers' checks (``hisparse_kernels.cu:1339-1452``): a contiguous int32 ``[R, C]`` plan, a 2-D
     contiguous host cache on the plan's device and a 3-D hot cache with contiguous rows of the same bytes."""
     source_name, target_name, selector_name = names
-    sources = _tensor(source_name, global_indices)
-    assert sources is not None
+    sources = _required(source_name, global_indices)
     device = sources.device
     _int32_matrix(source_name, sources, device, None)
     _contiguous(source_name, sources)
@@ -474,12 +529,10 @@ def _check_gather(
     hot, block_size = _hot_cache(hot_cache, device)
     _device("host_cache", host, device)
     _same_row_bytes(host, hot)
-    targets = _tensor(target_name, hot_indices)
-    assert targets is not None
+    targets = _required(target_name, hot_indices)
     _int32_matrix(target_name, targets, device, tuple(sources.shape))
     _contiguous(target_name, targets)
-    chosen = _tensor(selector_name, selector)
-    assert chosen is not None
+    chosen = _required(selector_name, selector)
     if compact:
         _dtype(selector_name, chosen, _I32)
         _device(selector_name, chosen, device)
@@ -544,8 +597,7 @@ def check_invalidate_written_slots(
     Raises:
         InvalidArgumentError: naming the first bad argument, its value and what was expected.
     """
-    pointers = _tensor("device_global_indices_ptrs", device_global_indices_ptrs)
-    assert pointers is not None
+    pointers = _required("device_global_indices_ptrs", device_global_indices_ptrs)
     device = pointers.device
     _vector("device_global_indices_ptrs", pointers, torch.int64, device)
     if pointers.numel() > MAX_TABLES:
@@ -553,7 +605,6 @@ def check_invalidate_written_slots(
     states = _vector("request_state_indices", request_state_indices, _I32, device)
     tokens = _vector("req_id_per_token", req_id_per_token, _I32, device)
     slots = _vector("written_slots", written_slots, torch.int64, device)
-    assert states is not None and tokens is not None and slots is not None
     if slots.numel() != tokens.numel():
         raise _fail("written_slots", _describe(slots),
                     f"{tokens.numel()} elements, one per entry of req_id_per_token")

@@ -37,21 +37,8 @@ class VllmOps:
     invalidate_written_slots: Callable[..., None]
 
 
-def vllm_ops(
-    resolve: Callable[[ResolveInputs], None],
-    gather: Callable[[GatherInputs], None],
-    invalidate: Callable[[InvalidateInputs], None],
-) -> VllmOps:
-    """Wrap an implementation's bundle-taking functions in vLLM 0.34.0's four signatures.
-
-    Args:
-        resolve: runs one checked resolve call.
-        gather: runs one checked gather (plan or compact, as ``inputs.compact`` says).
-        invalidate: runs one checked invalidation.
-
-    Returns:
-        The four public functions (each checks its arguments first).
-    """
+def _resolve_residency(run: Callable[[ResolveInputs], None]) -> Callable[..., None]:
+    """vLLM's ``hisparse_resolve_residency`` signature around ``run``."""
 
     def resolve_residency(
         host_cache: Tensor,
@@ -89,13 +76,18 @@ def vllm_ops(
             UnionOverflowError: a run selects more than ``max_union_rows`` host rows (nothing written; on a
                 GPU a device-side assertion instead, see the design doc).
         """
-        resolve(arguments.check_resolve_residency(
+        run(arguments.check_resolve_residency(
             host_cache, hot_cache, hot_block_table, global_indices, hot_indices, device_global_indices,
             lru_slots, request_state_indices, region_stride, max_union_rows, stats, attention_indices,
             attention_block_stride, request_ids, source_block_table, source_block_size, valid_counts,
             swap_host_physical_rows, swap_device_physical_rows, swap_counts, resident_block_table,
             resident_block_size, num_valid_rows,
         ))
+    return resolve_residency
+
+
+def _gather_compact(run: Callable[[GatherInputs], None]) -> Callable[..., None]:
+    """vLLM's ``hisparse_gather_compact`` signature around ``run``."""
 
     def gather_compact(
         host_cache: Tensor,
@@ -111,8 +103,13 @@ def vllm_ops(
         Raises:
             InvalidArgumentError: a dtype, shape, device or stride check failed (nothing copied).
         """
-        gather(arguments.check_gather_compact(host_cache, hot_cache, miss_global_indices, miss_hot_indices,
+        run(arguments.check_gather_compact(host_cache, hot_cache, miss_global_indices, miss_hot_indices,
                                               miss_counts))
+    return gather_compact
+
+
+def _gather_plan(run: Callable[[GatherInputs], None]) -> Callable[..., None]:
+    """vLLM's ``hisparse_gather_plan`` signature around ``run``."""
 
     def gather_plan(
         host_cache: Tensor,
@@ -127,7 +124,12 @@ def vllm_ops(
         Raises:
             InvalidArgumentError: a dtype, shape, device or stride check failed (nothing copied).
         """
-        gather(arguments.check_gather_plan(host_cache, hot_cache, global_indices, hot_indices, miss_mask))
+        run(arguments.check_gather_plan(host_cache, hot_cache, global_indices, hot_indices, miss_mask))
+    return gather_plan
+
+
+def _invalidate_written_slots(run: Callable[[InvalidateInputs], None]) -> Callable[..., None]:
+    """vLLM's ``hisparse_invalidate_written_slots`` signature around ``run``."""
 
     def invalidate_written_slots(
         device_global_indices_ptrs: Tensor,
@@ -145,9 +147,27 @@ def vllm_ops(
             UnknownTableError: an address names no registered table of shape ``[num_state_rows,
                 region_stride]`` (nothing written; on a GPU a device-side assertion instead).
         """
-        invalidate(arguments.check_invalidate_written_slots(
+        run(arguments.check_invalidate_written_slots(
             device_global_indices_ptrs, request_state_indices, req_id_per_token, written_slots, num_state_rows,
             region_stride,
         ))
+    return invalidate_written_slots
 
-    return VllmOps(resolve_residency, gather_compact, gather_plan, invalidate_written_slots)
+
+def vllm_ops(
+    resolve: Callable[[ResolveInputs], None],
+    gather: Callable[[GatherInputs], None],
+    invalidate: Callable[[InvalidateInputs], None],
+) -> VllmOps:
+    """Wrap an implementation's bundle-taking functions in vLLM 0.34.0's four signatures.
+
+    Args:
+        resolve: runs one checked resolve call.
+        gather: runs one checked gather (plan or compact, as ``inputs.compact`` says).
+        invalidate: runs one checked invalidation.
+
+    Returns:
+        The four public functions (each checks its arguments first).
+    """
+    return VllmOps(_resolve_residency(resolve), _gather_compact(gather), _gather_plan(gather),
+                   _invalidate_written_slots(invalidate))
