@@ -30,7 +30,7 @@ from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver  # noqa: E4
 from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend  # noqa: E402
 from hisparse_hal.vendors.cpu.backend import CpuBackend  # noqa: E402
 from hisparse_hal.vendors.cuda.backend import CudaBackend  # noqa: E402
-from hisparse_hal.vendors.cuda.driver import CudaDriver  # noqa: E402
+from hisparse_hal.vendors.cuda.runtime import CudaDriver  # noqa: E402
 
 GPU = torch.device("cuda", 0)
 CPU = torch.device("cpu")

@@ -26,10 +26,10 @@ from hisparse_hal.errors import (
 )
 from hisparse_hal.registry import ProbeResult
 from hisparse_hal.testing.sim_cuda_driver import DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
-from hisparse_hal.vendors.cuda import driver as driver_module
+from hisparse_hal.vendors.cuda import runtime as driver_module
 from hisparse_hal.vendors.cuda.backend import CudaBackend
 from hisparse_hal.vendors.cuda.capabilities import BATCH_CAP_ENV
-from hisparse_hal.vendors.cuda.driver import CudaDriver
+from hisparse_hal.vendors.cuda.runtime import CudaDriver
 
 STREAM = 0x5A00
 GPU = torch.device("cuda", 0)  # label only: simulated device memory is host memory
@@ -271,7 +271,7 @@ def test_unpin_with_a_lost_context_logs_and_leaves_the_memory(caplog: pytest.Log
     host = torch.zeros(8, 4096, dtype=torch.uint8)
     backend.pin_tensor(host)
     sim.lose_context()
-    with caplog.at_level(logging.WARNING, logger="hisparse_hal.vendors.torch_gpu"):
+    with caplog.at_level(logging.WARNING, logger="hisparse_hal.vendors.gpu.backend"):
         backend.unpin_tensor(host)
     assert "left registered, the device context is gone" in caplog.text and "CUDA_ERROR_DEINITIALIZED" in caplog.text
     assert backend.pinned_registrations() == ()

@@ -15,7 +15,7 @@ import torch
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError
 from hisparse_hal.regions import Region, RegionTable, SwapBatch
 from hisparse_hal.testing.sim_cuda_driver import CODES, DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
-from hisparse_hal.vendors.cuda.driver import (
+from hisparse_hal.vendors.cuda.runtime import (
     CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
     CudaDriver,
     CUmemcpyAttributes,

@@ -26,8 +26,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from hisparse_hal.errors import InvalidArgumentError  # noqa: E402
 from hisparse_hal.gather import gather_rows, new_fault_record, raise_recorded_fault  # noqa: E402
 from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend  # noqa: E402
-from hisparse_hal.vendors import gather_check  # noqa: E402
-from hisparse_hal.vendors.gather_check import TritonIdCheck  # noqa: E402
+from hisparse_hal.vendors.gpu import gather_check  # noqa: E402
+from hisparse_hal.vendors.gpu.gather_check import TritonIdCheck  # noqa: E402
 
 CPU = torch.device("cpu")
 #: Operators that only describe a tensor (no kernel on a GPU).

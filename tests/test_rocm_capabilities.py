@@ -199,8 +199,8 @@ def test_importing_the_package_loads_neither_the_binding_nor_the_backend(tmp_pat
         import sys
         import hisparse_hal.vendors.rocm as rocm
         rocm.plan_capabilities(70253211, "gfx950")
-        loaded = [m for m in ("hisparse_hal.vendors.rocm.hip_runtime", "hisparse_hal.vendors.rocm.backend",
-                              "hisparse_hal.vendors.torch_gpu") if m in sys.modules]
+        loaded = [m for m in ("hisparse_hal.vendors.rocm.runtime", "hisparse_hal.vendors.rocm.backend",
+                              "hisparse_hal.vendors.gpu.backend") if m in sys.modules]
         import torch
         print(loaded, torch.cuda.is_initialized())
         """

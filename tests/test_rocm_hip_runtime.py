@@ -13,7 +13,7 @@ import torch
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError, InvalidArgumentError
 from hisparse_hal.regions import Region, RegionTable
 from hisparse_hal.testing.sim_hip_runtime import RELEASES, SimulatedHipRuntime
-from hisparse_hal.vendors.rocm.hip_runtime import (
+from hisparse_hal.vendors.rocm.runtime import (
     LIBRARY_NAMES,
     HipMemcpyAttributes,
     HipRuntime,

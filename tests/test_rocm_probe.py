@@ -499,7 +499,7 @@ def test_probe_on_a_rocm_build_opens_and_calls_no_hip_runtime(monkeypatch, tmp_p
 
 def test_hip_activity_count_catches_a_probe_that_asks_the_runtime_its_version(monkeypatch, tmp_path):
     """Planted bug: the library check loads the HIP runtime and calls hipRuntimeGetVersion."""
-    from hisparse_hal.vendors.rocm.hip_runtime import HipRuntime
+    from hisparse_hal.vendors.rocm.runtime import HipRuntime
 
     def find_and_load():
         HipRuntime.load().runtime_version()

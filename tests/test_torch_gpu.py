@@ -25,15 +25,11 @@ from hisparse_hal.errors import (
     UnsupportedCapabilityError,
 )
 from hisparse_hal.regions import SwapBatch
-from hisparse_hal.vendors.cuda.driver import CudaDriver
-from hisparse_hal.vendors.torch_gpu import (
-    CopyRuntime,
-    GpuCapturedGraph,
-    GpuIpcEvent,
-    TorchGpuBackend,
-    decode_event_handle,
-    encode_event_handle,
-)
+from hisparse_hal.vendors.cuda.runtime import CudaDriver
+from hisparse_hal.vendors.gpu.backend import TorchGpuBackend
+from hisparse_hal.vendors.gpu.events import GpuIpcEvent, decode_event_handle, encode_event_handle
+from hisparse_hal.vendors.gpu.graph import GpuCapturedGraph
+from hisparse_hal.vendors.gpu.runtime import CopyRuntime
 
 
 class RecordingRuntime:
@@ -230,7 +226,7 @@ def test_event_handle_round_trips_and_pickles() -> None:
 
 def test_event_handle_from_another_process_is_not_same_process(tmp_path: Any) -> None:
     code = (
-        "import sys; from hisparse_hal.vendors.torch_gpu import encode_event_handle; "
+        "import sys; from hisparse_hal.vendors.gpu.events import encode_event_handle; "
         "sys.stdout.buffer.write(encode_event_handle(1, bytes(64)))"
     )
     data = subprocess.run(

@@ -26,7 +26,7 @@ import torch
 
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.vendors.rocm.capabilities import ROCM_RELEASE_HIP_VERSIONS, hip_version, plan_capabilities
-from hisparse_hal.vendors.rocm.hip_runtime import _PROTOTYPES, HipMemcpyAttributes, HipRuntime
+from hisparse_hal.vendors.rocm.runtime import _PROTOTYPES, HipMemcpyAttributes, HipRuntime
 
 __all__ = [
     "SimulatedRelease",

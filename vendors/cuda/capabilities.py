@@ -94,7 +94,7 @@ def plan_capabilities(
             and falls back to :data:`DEFAULT_MAX_BATCH`.
         host_pointer_alias: True where the device's ``CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM``
             is 0, so kernels must use ``cuMemHostGetDevicePointer``'s address (read by
-            :meth:`~hisparse_hal.vendors.cuda.driver.CudaDriver.host_pointer_usable_on_device`).
+            :meth:`~hisparse_hal.vendors.cuda.runtime.CudaDriver.host_pointer_usable_on_device`).
 
     Returns:
         The :class:`Capabilities`: native batch copy from 12.8 (per-copy loop before), the cap, IPC
