@@ -20,7 +20,7 @@ import torch
 import hisparse_hal
 from hisparse_hal.errors import DeviceRuntimeError, InvalidArgumentError, InvalidDescriptorError
 from hisparse_hal.vendors.cpu.backend import CpuBackend
-from hisparse_hal.vendors.cpu.page_lock import PageLocker, probe_page_lock
+from hisparse_hal.vendors.cpu.runtime import PageLocker, probe_page_lock
 
 PAGE = mmap.PAGESIZE
 MLOCK_WORKS = probe_page_lock()[0]
@@ -120,7 +120,7 @@ def test_unpinning_one_tensor_keeps_a_shared_boundary_page_locked_for_its_neighb
 def test_pin_where_the_os_refuses_mlock_registers_unlocked_and_logs_once(backend, caplog):
     backend.page_locker.mlock = lambda address, size: errno.ENOMEM
     a, b = torch.zeros(PAGE, dtype=torch.uint8), torch.zeros(PAGE, dtype=torch.uint8)
-    with caplog.at_level(logging.INFO, logger="hisparse_hal.vendors.cpu.page_lock"):
+    with caplog.at_level(logging.INFO, logger="hisparse_hal.vendors.cpu.runtime"):
         backend.pin_tensor(a)
         backend.pin_tensor(b)
     assert not backend.host_registration(a).page_locked and not backend.host_registration(b).page_locked
@@ -165,7 +165,7 @@ def test_pin_over_the_real_rlimit_memlock_registers_unlocked(tmp_path):
 def test_pin_with_eperm_says_the_process_may_not_lock(backend, caplog):
     backend.page_locker.mlock = lambda address, size: errno.EPERM
     tensor = torch.zeros(PAGE, dtype=torch.uint8)
-    with caplog.at_level(logging.INFO, logger="hisparse_hal.vendors.cpu.page_lock"):
+    with caplog.at_level(logging.INFO, logger="hisparse_hal.vendors.cpu.runtime"):
         backend.pin_tensor(tensor)
     assert not backend.host_registration(tensor).page_locked
     assert "EPERM" in caplog.text and "may not lock memory" in caplog.text

@@ -457,7 +457,7 @@ def _hip_activity_during_probe(monkeypatch, tmp_path, library=found_library) -> 
     import ctypes
 
     from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime
-    from hisparse_hal.vendors.rocm import hip_runtime
+    from hisparse_hal.vendors.rocm import runtime as hip_runtime
 
     simulated = SimulatedHipRuntime("7.2.0")
     opened: list[str] = []
