@@ -41,9 +41,10 @@ def plan_capabilities(page_lock: bool, page_lock_detail: str, memlock_limit: str
             "page_lock_detail": page_lock_detail,
             "memlock_limit": memlock_limit,
         },
-        notes=(
-            "swaps are vectorized with torch index_select/index_copy_ per (region pair, size) group; "
-            "hazardous, tiny or huge copies use ctypes.memmove per descriptor",
-            "pinning page-locks with mlock where RLIMIT_MEMLOCK allows, else registers unlocked",
-        ),
+        reasons={
+            "batch_copy": "swaps are vectorized with torch index_select/index_copy_ per (region pair, size) "
+            "group; hazardous, tiny or huge copies use ctypes.memmove per descriptor",
+            "versions": "pinning page-locks with mlock where RLIMIT_MEMLOCK allows, else registers unlocked "
+            "(versions['page_lock'] says which)",
+        },
     )

@@ -379,12 +379,12 @@ class TorchGpuBackend(HiSparseBackend):
 
         Raises:
             UnsupportedCapabilityError: ``capabilities.graph_capture`` is False on this runtime (the
-                message carries the capability note that says why).
+                message carries ``capabilities.reasons["graph_capture"]``).
             CaptureMisuseError: a capture is already underway on the current stream.
         """
         if not self._capabilities.graph_capture:
-            why = "; ".join(note for note in self._capabilities.notes if "capture" in note)
-            raise self._unsupported(f"capture() (capability graph_capture is False: {why or 'not supported'})")
+            why = self._capabilities.reasons.get("graph_capture", "not supported")
+            raise self._unsupported(f"capture() (capability graph_capture is False: {why})")
         if self.is_current_stream_capturing():
             raise CaptureMisuseError("capture() called while the current stream is already capturing")
         return self._capture_graph()

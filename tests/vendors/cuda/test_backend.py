@@ -229,7 +229,7 @@ def test_pin_registers_in_page_and_block_aligned_chunks_below_the_driver_limit()
 def test_pin_on_a_device_without_host_pointer_access_records_every_chunks_device_alias() -> None:
     backend, sim = make_backend(host_pointer_usable=False)
     assert backend.capabilities.host_pointer_alias is True
-    assert any("CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0" in note for note in backend.capabilities.notes)
+    assert "CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0" in backend.capabilities.reasons["host_pointer_alias"]
     backend.host_chunk_bytes = 16 * 1024
     host = torch.zeros(12, 4096, dtype=torch.uint8)
     backend.pin_tensor(host)
