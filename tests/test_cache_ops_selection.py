@@ -145,7 +145,9 @@ def test_capabilities_cache_ops_defaults_to_torch_and_serialises() -> None:
     assert chosen.notes[-1] == "cache_ops: triton (triton 3.9.0 imports and device cuda:0 is a GPU)"
     again = with_cache_ops(chosen, GPU, NO_TRITON, environ={})
     assert list(again.reasons) == ["cache_ops"]  # replaced, not appended
-    assert again.reasons["cache_ops"] == "torch (triton does not import (ModuleNotFoundError: No module named 'triton'))"
+    assert again.reasons["cache_ops"] == (
+        "torch (triton does not import (ModuleNotFoundError: No module named 'triton'))"
+    )
 
 
 def test_capabilities_reject_an_unknown_cache_ops_value() -> None:

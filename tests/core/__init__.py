@@ -1,0 +1,1 @@
+"""Tests of the core modules (hisparse_hal/*.py), one test_<module>.py per module."""

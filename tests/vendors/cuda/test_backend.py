@@ -1,7 +1,7 @@
 """``CudaBackend`` end to end on the CPU: the real backend and libcuda binding over the simulated driver.
 
-The simulator (``tests/sim_cuda_driver.py``) stands in for libcuda and moves real host bytes; the
-backend's device is injected as the CPU and torch's stream and capture state are replaced by plain
+The simulator (``hisparse_hal/testing/sim_cuda_driver.py``) stands in for libcuda and moves real host bytes;
+the backend's device is injected as the CPU and torch's stream and capture state are replaced by plain
 attributes. What this proves: swap validation, path choice, chunking at the cap, pinning with
 rollback and dead-context teardown, capture rules. What it cannot prove: anything about a real GPU.
 """

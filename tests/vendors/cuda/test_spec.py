@@ -1,4 +1,5 @@
-"""The CUDA probe: one reason per way of being unavailable, facts from NVML, no device context.
+"""The CUDA probe (``vendors/cuda/spec.py`` over ``nvml.py``): one reason per way of being unavailable, facts from
+NVML, no device context.
 
 NVML is replaced by a fake ``pynvml`` module (injected into ``sys.modules``) and torch's build by
 patching ``torch.version``; the last test runs the real probe in a fresh process.

@@ -1,4 +1,5 @@
-"""The GPU gather's id check in two launches: the Triton check under triton's interpreter on CPU tensors.
+"""The GPU gather's id check in two launches (``vendors/gpu/gather_check.py``): the Triton check under triton's
+interpreter on CPU tensors.
 
 A counter wraps the two kernels' launches and a ``TorchDispatchMode`` records every torch operator the
 gather runs besides them (the kernels' own interpreter work is hidden from it), so the test shows what a

@@ -1,4 +1,5 @@
-"""The GPU layer's gather checks row ids on the device: no read-back to the host, a bad id reported later.
+"""``TorchGpuBackend.gather_resident_rows`` (``vendors/gpu/backend.py``) checks row ids on the device: no read-back
+to the host, a bad id reported later.
 
 CPU tensors stand in for device memory (a simulated ROCm backend on the CPU device); the shared guard of
 ``host_sync_guard`` fails on every operator or Tensor method (``.tolist()``, ``.item()``) that would read a

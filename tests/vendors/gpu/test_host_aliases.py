@@ -1,4 +1,5 @@
-"""The GPU backends' one host-to-device address translation (``HostAliasMap``) and its users.
+"""The GPU backends' one host-to-device address translation (``vendors/gpu/host_aliases.py``, ``HostAliasMap``) and
+its users.
 
 ``device_addresses`` (vectorized), ``device_address_of_host`` (a tensor's range) and, through it,
 ``device_view_of_host`` all read one table per pin generation, on the simulated CUDA driver (with and

@@ -1,6 +1,7 @@
-"""RocmBackend end to end on the CPU, driving the SIMULATED HIP runtime (tests/sim_hip_runtime.py) through
-the real ctypes binding: swaps per ROCm release, the 8,192 cap, device aliases, rollback, teardown,
-KV formats per architecture, the capture gate and the IPC cycle limit. Proves logic, not AMD hardware."""
+"""RocmBackend (``vendors/rocm/backend.py``) end to end on the CPU, driving the SIMULATED HIP runtime
+(``hisparse_hal/testing/sim_hip_runtime.py``) through the real ctypes binding: swaps per ROCm release, the 8,192
+cap, device aliases, rollback, teardown, KV formats per architecture, the capture gate and the IPC cycle limit.
+Proves logic, not AMD hardware."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The ROCm probe: each way of being unavailable has its own reason; devices come from amdsmi or the
-KFD sysfs topology; the visibility variables are applied as ROCr and the HIP runtime apply them."""
+"""The ROCm probe (``vendors/rocm/spec.py`` over ``amdsmi_inventory``, ``kfd_topology``, ``visible_devices``): each
+way of being unavailable has its own reason; devices come from amdsmi or the KFD sysfs topology; the visibility
+variables are applied as ROCr and the HIP runtime apply them."""
 
 from __future__ import annotations
 
