@@ -164,7 +164,7 @@ class CudaDriver:
 
     Args:
         device_ordinal: the CUDA device (after ``CUDA_VISIBLE_DEVICES``), torch's device index.
-        library: a loaded driver library (tests pass the simulator in ``tests/sim_cuda_driver.py``);
+        library: a loaded driver library (tests pass ``hisparse_hal.testing.sim_cuda_driver``);
             None loads ``libcuda.so.1`` on first use.
 
     The device's primary context (shared with torch's runtime) is retained on first use and kept
