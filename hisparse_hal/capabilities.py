@@ -1,7 +1,8 @@
 """What a backend can do, decided once after probing.
 
 The core and the conformance suite branch on these values, never on vendor names. Each vendor decides
-its version quirks in one pure function that returns a ``Capabilities``.
+its version quirks in one pure function that returns a ``Capabilities``, with the reason for each forced
+decision keyed by the field it set (code reads ``reasons["graph_capture"]``, never the wording of a note).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Literal
 
 import torch
 
-__all__ = ["Capabilities", "KV_FORMATS"]
+__all__ = ["Capabilities", "KV_FORMATS", "CapabilityReasons"]
 
 #: Every KV cache format name hisparse-hal knows (see :mod:`hisparse_hal.kv_cache`).
 KV_FORMATS = frozenset({"bf16", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_ds_mla"})
@@ -45,11 +46,16 @@ class Capabilities:
         copy_attributes: the batch call accepts per-copy attributes (source access order, location hints).
         batch_copy_accelerated: the vendor's batch call is faster than the vendor's own per-copy loop; when
             False the runtime loops internally, and the batch call only saves per-call host overhead.
-        notes: one sentence per decision that a version or architecture forced, with its source.
+        reasons: why a field has its value where a version, architecture or choice forced it, with its
+            source, keyed by the field's name (``"batch_copy"``, ``"graph_capture"``, ``"cache_ops"``, ...;
+            ``"versions"`` for facts about the versions themselves). Plans build it with :class:`CapabilityReasons`.
         cache_ops: which implementation runs the four per-step cache ops (``resolve_residency``,
             ``gather_compact``, ``gather_plan``, ``invalidate_written_slots``): ``"triton"`` kernels,
             ``"torch"`` fixed-shape tensor code, or ``"host"`` (CPU device: gathers that copy only the misses)
-            (:mod:`hisparse_hal.cache_ops.selection`; a note says why).
+            (:mod:`hisparse_hal.cache_ops.selection`; ``reasons["cache_ops"]`` says why).
+
+    ``notes`` (a property) renders ``reasons`` for display, one ``"<field>: <reason>"`` line each; reports
+    and JSON carry both.
     """
 
     batch_copy: Literal["native", "loop"]
@@ -64,7 +70,7 @@ class Capabilities:
     versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     copy_attributes: bool = False
     batch_copy_accelerated: bool = True
-    notes: tuple[str, ...] = ()
+    reasons: Mapping[str, str] = dataclasses.field(default_factory=dict)
     cache_ops: Literal["triton", "torch", "host"] = "torch"
 
     def __post_init__(self) -> None:
@@ -89,10 +95,23 @@ class Capabilities:
             )
         object.__setattr__(self, "kv_formats", frozenset(self.kv_formats))
         object.__setattr__(self, "versions", MappingProxyType(dict(self.versions)))
-        object.__setattr__(self, "notes", tuple(self.notes))
+        keys = {field.name for field in dataclasses.fields(self)} - {"reasons"}
+        stray = sorted(set(self.reasons) - keys)
+        if stray:
+            raise InvalidArgumentError(
+                f"capability reasons must be keyed by a Capabilities field; unknown keys {stray} "
+                f"(fields: {sorted(keys)})"
+            )
+        object.__setattr__(self, "reasons", MappingProxyType(dict(self.reasons)))
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """``reasons`` for display: one ``"<field>: <reason>"`` line per field, in the order they were given."""
+        return tuple(f"{field}: {reason}" for field, reason in self.reasons.items())
 
     def as_dict(self) -> dict[str, object]:
-        """A JSON-ready dictionary of every field (dtypes and sets as strings and sorted lists)."""
+        """A JSON-ready dictionary of every field (dtypes and sets as strings and sorted lists), plus
+        ``notes``."""
         out: dict[str, object] = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
@@ -105,4 +124,21 @@ class Capabilities:
             elif isinstance(value, tuple):
                 value = list(value)
             out[field.name] = value
+        out["notes"] = list(self.notes)
         return out
+
+
+class CapabilityReasons(dict[str, str]):
+    """``Capabilities.reasons`` as a plan builds it: :meth:`add` appends a reason to a field's, in order.
+
+    Example::
+
+        reasons = CapabilityReasons()
+        reasons.add("batch_copy", "no batch call before 7.1 (vLLM #41737)")
+        reasons.add("batch_copy", "capped at 8192 descriptors")
+        reasons["batch_copy"]  # 'no batch call before 7.1 (vLLM #41737); capped at 8192 descriptors'
+    """
+
+    def add(self, field: str, reason: str) -> None:
+        """Record ``reason`` for capability ``field``, after any reason it already has (joined by ``"; "``)."""
+        self[field] = f"{self[field]}; {reason}" if field in self else reason

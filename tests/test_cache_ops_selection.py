@@ -1,7 +1,7 @@
 """Choosing the cache-ops implementation by capability, and the backends' CacheOps bound to it.
 
-The GPU backends here run over the SIMULATED vendor libraries on the CPU (tests/sim_cuda_driver.py,
-tests/sim_hip_runtime.py): they prove the wiring (capability, registration alias, view), not a GPU.
+The GPU backends here run over the SIMULATED vendor libraries on the CPU (hisparse_hal/testing/
+sim_cuda_driver.py, sim_hip_runtime.py): they prove the wiring (capability, registration alias, view), not a GPU.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver  # noqa: E4
 from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend  # noqa: E402
 from hisparse_hal.vendors.cpu.backend import CpuBackend  # noqa: E402
 from hisparse_hal.vendors.cuda.backend import CudaBackend  # noqa: E402
-from hisparse_hal.vendors.cuda.driver import CudaDriver  # noqa: E402
+from hisparse_hal.vendors.cuda.runtime import CudaDriver  # noqa: E402
 
 GPU = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -141,11 +141,13 @@ def test_capabilities_cache_ops_defaults_to_torch_and_serialises() -> None:
     assert caps.cache_ops == "torch" and caps.as_dict()["cache_ops"] == "torch"
     chosen = with_cache_ops(caps, GPU, HAS_TRITON, environ={})
     assert chosen.as_dict()["cache_ops"] == "triton"
-    assert chosen.notes[-1] == "cache ops: triton (triton 3.9.0 imports and device cuda:0 is a GPU)"
+    assert chosen.reasons["cache_ops"] == "triton (triton 3.9.0 imports and device cuda:0 is a GPU)"
+    assert chosen.notes[-1] == "cache_ops: triton (triton 3.9.0 imports and device cuda:0 is a GPU)"
     again = with_cache_ops(chosen, GPU, NO_TRITON, environ={})
-    assert [n for n in again.notes if n.startswith("cache ops: ")] == [
-        "cache ops: torch (triton does not import (ModuleNotFoundError: No module named 'triton'))"
-    ]
+    assert list(again.reasons) == ["cache_ops"]  # replaced, not appended
+    assert again.reasons["cache_ops"] == (
+        "torch (triton does not import (ModuleNotFoundError: No module named 'triton'))"
+    )
 
 
 def test_capabilities_reject_an_unknown_cache_ops_value() -> None:
@@ -174,7 +176,7 @@ def _assert_compacted(host: torch.Tensor, hot: torch.Tensor) -> None:
 def test_cpu_device_reports_host_cache_ops_with_the_reason() -> None:
     backend = CpuBackend()
     assert backend.capabilities.cache_ops == "host"
-    assert f"cache ops: host ({HOST_REASON})" in backend.capabilities.notes
+    assert backend.capabilities.reasons["cache_ops"] == f"host ({HOST_REASON})"
     assert backend.create_cache_ops(None).implementation == "host"
 
 
@@ -234,7 +236,8 @@ def test_simulated_cuda_backend_reports_triton_where_it_imports() -> None:
     pytest.importorskip("triton")
     caps = _sim_cuda().capabilities
     assert caps.cache_ops == "triton"
-    assert any(n.startswith("cache ops: triton (triton ") and n.endswith("device cuda:0 is a GPU)") for n in caps.notes)
+    assert caps.reasons["cache_ops"].startswith("triton (triton ")
+    assert caps.reasons["cache_ops"].endswith("device cuda:0 is a GPU)")
 
 
 def test_simulated_cuda_backend_reports_torch_where_triton_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,8 +245,7 @@ def test_simulated_cuda_backend_reports_torch_where_triton_is_missing(monkeypatc
     backend = _sim_cuda()
     assert backend.capabilities.cache_ops == "torch"
     assert backend.create_cache_ops(None).implementation == "torch"
-    notes = backend.capabilities.notes
-    assert any(n.startswith("cache ops: torch (triton does not import (ModuleNotFoundError") for n in notes)
+    assert backend.capabilities.reasons["cache_ops"].startswith("torch (triton does not import (ModuleNotFoundError")
 
 
 def test_simulated_rocm_backend_reports_triton_or_torch_by_availability(monkeypatch: pytest.MonkeyPatch) -> None:

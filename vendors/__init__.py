@@ -1,7 +1,16 @@
-"""Built-in backends, one folder each: ``cpu`` (reference device), ``cuda`` and ``rocm``.
+"""Built-in backends, one folder each: ``cpu`` (reference device), ``cuda`` and ``rocm``; ``gpu`` holds what
+``cuda`` and ``rocm`` share (both reach the device through ``torch.cuda``).
 
-Each folder holds ``spec.py`` (a cheap probe and the backend's qualified name), the backend class, its
-runtime binding and its conformance expectations. Importing this package imports no vendor library.
+Every registered vendor folder has the same file set, checked by ``tests/vendors/test_file_set.py``:
+
+- ``spec.py``: the registry entry (``SPEC``), a cheap probe that creates no device context;
+- ``capabilities.py``: ``plan_capabilities``, every version quirk decided in one pure function;
+- ``runtime.py``: the binding to the vendor's C runtime, the only module that calls into it
+  (``cuda``: libcuda, ``CudaDriver``; ``rocm``: libamdhip64, ``HipRuntime``; ``cpu``: libc ``mlock``,
+  ``munlock`` and ``memmove``);
+- ``backend.py``: the backend class; ``expectations.toml``: the conformance suite's expected failures.
+
+Anything else in a folder is that vendor's own. Importing this package imports no vendor library.
 """
 
 # The folder sits at the checkout's top level and is linked into the package (hisparse_hal/vendors ->

@@ -89,7 +89,7 @@ class _CountingStub:
 def _cuda_backend(device_memory: torch.Tensor) -> tuple[HiSparseBackend, Callable[[_CountingStub], None]]:
     from ..testing.sim_cuda_driver import SimulatedCudaDriver
     from ..vendors.cuda.backend import CudaBackend
-    from ..vendors.cuda.driver import CudaDriver
+    from ..vendors.cuda.runtime import CudaDriver
 
     sim = SimulatedCudaDriver(12080)
     start = device_memory.data_ptr()

@@ -178,11 +178,11 @@ def with_cache_ops(
     *,
     environ: Mapping[str, str] | None = None,
 ) -> Capabilities:
-    """``capabilities`` with ``cache_ops`` chosen for ``device`` and a note giving the reason.
+    """``capabilities`` with ``cache_ops`` chosen for ``device`` and ``reasons["cache_ops"]`` saying why.
 
     Raises:
         InvalidArgumentError, UnsupportedCapabilityError: as :func:`choose_cache_ops`.
     """
     choice, reason = choose_cache_ops(device, facts, environ=environ)
-    notes = tuple(note for note in capabilities.notes if not note.startswith("cache ops: "))
-    return dataclasses.replace(capabilities, cache_ops=choice, notes=(*notes, f"cache ops: {choice} ({reason})"))
+    reasons = {**capabilities.reasons, "cache_ops": f"{choice} ({reason})"}
+    return dataclasses.replace(capabilities, cache_ops=choice, reasons=reasons)

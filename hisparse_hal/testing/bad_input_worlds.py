@@ -17,7 +17,7 @@ from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver
 from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 from hisparse_hal.vendors.cuda.backend import CudaBackend
-from hisparse_hal.vendors.cuda.driver import CudaDriver
+from hisparse_hal.vendors.cuda.runtime import CudaDriver
 
 __all__ = ["BACKENDS", "GUARD", "Arena", "World", "build_world"]
 

@@ -151,7 +151,7 @@ class UnstableCapabilities(CpuBackend):
     def capabilities(self) -> Capabilities:
         type(self)._reads += 1
         base = super().capabilities
-        return dataclasses.replace(base, notes=base.notes + (f"read {type(self)._reads}",))
+        return dataclasses.replace(base, reasons={**base.reasons, "versions": f"read {type(self)._reads}"})
 
 
 class DeviceNoTensorReports(CpuBackend):

@@ -26,7 +26,7 @@ import torch
 
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.vendors.rocm.capabilities import ROCM_RELEASE_HIP_VERSIONS, hip_version, plan_capabilities
-from hisparse_hal.vendors.rocm.hip_runtime import _PROTOTYPES, HipMemcpyAttributes, HipRuntime
+from hisparse_hal.vendors.rocm.runtime import _PROTOTYPES, HipMemcpyAttributes, HipRuntime
 
 __all__ = [
     "SimulatedRelease",
@@ -494,8 +494,13 @@ def conformance_backend(release: str | None = None, arch: str | None = None) -> 
         # The simulated GPU runs kernels on the CPU: the torch cache ops run there, Triton would need its
         # interpreter (about a second per generated sequence, too slow for the suite's 2,000).
         cache_ops="torch",
-        notes=(*backend.capabilities.notes, f"SIMULATED HIP runtime (ROCm {release}): capture and IPC not simulated; "
-               "cache ops run as torch on the CPU"),
+        reasons={
+            **backend.capabilities.reasons,
+            "graph_capture": f"SIMULATED HIP runtime (ROCm {release}): capture not simulated",
+            "ipc_events": f"SIMULATED HIP runtime (ROCm {release}): IPC events not simulated",
+            "shared_host_pool": f"SIMULATED HIP runtime (ROCm {release}): no IPC events to share a pool with",
+            "cache_ops": "torch (the SIMULATED GPU runs kernels on the CPU)",
+        },
     )
     backend.simulator = sim
     return backend

@@ -14,7 +14,7 @@ from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver
 from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 from hisparse_hal.vendors.cuda.backend import CudaBackend
-from hisparse_hal.vendors.cuda.driver import CudaDriver
+from hisparse_hal.vendors.cuda.runtime import CudaDriver
 
 
 class _SimCuda(CudaBackend):

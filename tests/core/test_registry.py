@@ -117,7 +117,7 @@ def test_import_probe_and_select_create_no_device_context_and_load_no_unchosen_b
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])
     # GPU-run check (always False on a CPU build of torch); proven here against the simulated CUDA driver and HIP
-    # runtime in test_cuda_probe.py and test_rocm_probe.py.
+    # runtime in tests/vendors/{cuda,rocm}/test_spec.py.
     assert report["initialized"] is False
     assert report["loaded"] == [f"hisparse_hal.vendors.{report['chosen']}.backend"]
 

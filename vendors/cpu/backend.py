@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import resource
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,7 +17,7 @@ import torch
 
 from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.cache_ops.selection import with_cache_ops
-from hisparse_hal.capabilities import KV_FORMATS, Capabilities
+from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import InvalidArgumentError, InvalidDescriptorError
 from hisparse_hal.events import HalEvent
 from hisparse_hal.gather import check_row_ids, gather_rows
@@ -27,6 +26,7 @@ from hisparse_hal.regions import Region, SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
 
 from .byte_copy import SwapMoveReport, move_swap_batch
+from .capabilities import plan_capabilities
 from .delayed_work import DelayedWork
 from .graph import (
     CapturedOp,
@@ -36,16 +36,11 @@ from .graph import (
     refuse_while_capturing,
 )
 from .ipc_event import CpuIpcEvent, create_event, import_event
-from .page_lock import PageLocker, probe_page_lock
+from .runtime import PageLocker, memlock_limit, probe_page_lock
 
 __all__ = ["CpuBackend"]
 
 _CPU = torch.device("cpu")
-
-
-def _memlock_limit() -> str:
-    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes"
 
 
 class CpuBackend(HiSparseBackend):
@@ -78,28 +73,7 @@ class CpuBackend(HiSparseBackend):
         self._delayed = DelayedWork()  # empty unless a test arms delay_next_swap
         self._pin_locked = True
         locks, detail = probe_page_lock()
-        self._capabilities = with_cache_ops(Capabilities(
-            batch_copy="native",
-            max_batch_descriptors=None,
-            ipc_events=True,
-            ipc_event_max_cycles=None,
-            shared_host_pool=True,
-            graph_capture=True,
-            host_pointer_alias=False,
-            kv_formats=KV_FORMATS,
-            stats_dtype=torch.uint64,
-            versions={
-                "torch": torch.__version__,
-                "page_lock": "mlock" if locks else "unavailable",
-                "page_lock_detail": detail,
-                "memlock_limit": _memlock_limit(),
-            },
-            notes=(
-                "swaps are vectorized with torch index_select/index_copy_ per (region pair, size) group; "
-                "hazardous, tiny or huge copies use ctypes.memmove per descriptor",
-                "pinning page-locks with mlock where RLIMIT_MEMLOCK allows, else registers unlocked",
-            ),
-        ), _CPU)
+        self._capabilities = with_cache_ops(plan_capabilities(locks, detail, memlock_limit()), _CPU)
 
     # ----------------------------------------------------------------- identity
     @property

@@ -19,7 +19,9 @@ import torch
 
 from hisparse_hal.regions import Region, SwapBatch
 
-__all__ = ["SwapMoveReport", "move_swap_batch", "memmove_each", "region_bytes"]
+from .runtime import memmove_each
+
+__all__ = ["SwapMoveReport", "move_swap_batch", "region_bytes"]
 
 #: Scratch bytes per gather/scatter round; one buffer per thread, reused (fresh memory costs page faults).
 SCRATCH_BYTES = 4 << 20
@@ -56,12 +58,6 @@ def region_bytes(region: Region) -> torch.Tensor:
     """A ``uint8`` tensor over the region's bytes (no copy, no ownership)."""
     buffer = (ctypes.c_uint8 * region.size).from_address(region.start)
     return torch.frombuffer(buffer, dtype=torch.uint8)
-
-
-def memmove_each(src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
-    """Copy descriptor by descriptor, in order, with ``ctypes.memmove`` (overlap-safe)."""
-    for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist(), strict=True):
-        ctypes.memmove(d, s, n)
 
 
 def move_swap_batch(batch: SwapBatch) -> SwapMoveReport:

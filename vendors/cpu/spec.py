@@ -3,8 +3,6 @@ torch has no GPU build."""
 
 from __future__ import annotations
 
-import resource
-
 import torch
 
 from hisparse_hal.registry import BackendSpec, Probe
@@ -13,10 +11,9 @@ from hisparse_hal.registry import BackendSpec, Probe
 def probe() -> Probe:
     """Always available; reports whether this process may page-lock memory (RLIMIT_MEMLOCK, and a
     one-page ``mlock`` trial)."""
-    from .page_lock import probe_page_lock
+    from .runtime import memlock_limit, probe_page_lock
 
-    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes"
+    limit = memlock_limit()
     locks, detail = probe_page_lock()
     return Probe(
         True,

@@ -1,5 +1,5 @@
 """NVIDIA backend: NVML probe (``spec``), capability plan (``capabilities``), libcuda binding
-(``driver``) and ``CudaBackend`` (``backend``).
+(``runtime``: ``CudaDriver``) and ``CudaBackend`` (``backend``).
 
 Importing this package loads no CUDA library and initialises nothing on a device; the driver binding
 is imported only with the backend class, when ``cuda`` is chosen.

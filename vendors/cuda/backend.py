@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from hisparse_hal.errors import BackendUnavailableError
-from hisparse_hal.vendors.torch_gpu import CopyRuntime, TorchGpuBackend
+from hisparse_hal.vendors.gpu.backend import TorchGpuBackend
+from hisparse_hal.vendors.gpu.runtime import CopyRuntime
 
 from .capabilities import plan_capabilities
-from .driver import CudaDriver
+from .runtime import CudaDriver
 
 if TYPE_CHECKING:
     from hisparse_hal.registry import ProbeResult

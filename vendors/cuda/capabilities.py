@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from hisparse_hal.capabilities import Capabilities
+from hisparse_hal.capabilities import Capabilities, CapabilityReasons
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.settings import positive_setting
 
@@ -94,7 +94,7 @@ def plan_capabilities(
             and falls back to :data:`DEFAULT_MAX_BATCH`.
         host_pointer_alias: True where the device's ``CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM``
             is 0, so kernels must use ``cuMemHostGetDevicePointer``'s address (read by
-            :meth:`~hisparse_hal.vendors.cuda.driver.CudaDriver.host_pointer_usable_on_device`).
+            :meth:`~hisparse_hal.vendors.cuda.runtime.CudaDriver.host_pointer_usable_on_device`).
 
     Returns:
         The :class:`Capabilities`: native batch copy from 12.8 (per-copy loop before), the cap, IPC
@@ -126,39 +126,40 @@ def plan_capabilities(
 
     native = driver_version >= NATIVE_BATCH_MIN_DRIVER
     driver = format_driver_version(driver_version)
-    notes = []
+    reasons = CapabilityReasons()
     if native:
-        notes.append(
+        reasons.add("batch_copy",
             f"driver {driver} >= 12.8: swaps use cuMemcpyBatchAsync, resolved with cuGetProcAddress at "
             "the 12.8 ABI because CUDA 13 headers remap the name to a _v2 without failIdx "
             "(vLLM csrc/cache_kernels.cu)"
         )
-        notes.append(
+        reasons.add("copy_attributes",
             "batch copies read their sources in stream order (CU_MEMCPY_SRC_ACCESS_ORDER_STREAM) so a "
             "device-to-host copy never reads before the producing kernel ends (vLLM #39306)"
         )
-        notes.append(
+        reasons.add("batch_copy",
             "the legacy default stream and graph captures use the per-copy cuMemcpyAsync loop: the batch "
             "call rejects stream 0 (vLLM cache_kernels.cu; cudf #20800) and has no graph-node form "
             "(cuda-python cuda.core.utils.copy_batch)"
         )
     else:
-        notes.append(
+        reasons.add("batch_copy",
             f"driver {driver} < 12.8 has no cuMemcpyBatchAsync: swaps use a per-copy cuMemcpyAsync loop "
             "(vLLM #38460)"
         )
-    notes.append(
+    reasons.add("max_batch_descriptors",
         f"at most {cap} descriptors per batch call ({cap_source}); a CUDA 13.0 driver crashed at 51,828 "
         f"(vLLM #49276); set {BATCH_CAP_ENV} to change it"
     )
     if host_pointer_alias:
-        notes.append(
+        reasons.add("host_pointer_alias",
             "the device cannot use host pointers of registered memory (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM "
             "is 0): every registration records cuMemHostGetDevicePointer's address for kernels (CUDA driver "
             "API, cuMemHostRegister)"
         )
     if driver_version < MIN_DRIVER:
-        notes.append(f"driver {driver} is older than the supported minimum {format_driver_version(MIN_DRIVER)}")
+        reasons.add("versions",
+                    f"driver {driver} is older than the supported minimum {format_driver_version(MIN_DRIVER)}")
 
     return Capabilities(
         batch_copy="native" if native else "loop",
@@ -172,5 +173,5 @@ def plan_capabilities(
         versions={"driver": driver, "driver_api": str(driver_version), "arch": arch, "batch_cap": cap_source},
         copy_attributes=native,
         batch_copy_accelerated=native,
-        notes=tuple(notes),
+        reasons=reasons,
     )

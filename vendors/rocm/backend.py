@@ -17,14 +17,12 @@ import torch
 
 from hisparse_hal.errors import UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS
-from hisparse_hal.vendors.torch_gpu import (
-    GpuIpcEvent,
-    TorchGpuBackend,
-)
+from hisparse_hal.vendors.gpu.backend import TorchGpuBackend
+from hisparse_hal.vendors.gpu.events import GpuIpcEvent
 
 from .capabilities import GfxArch, arch_facts, parse_arch, plan_capabilities
-from .hip_runtime import HipRuntime
 from .ipc_cycles import CycleLimitedIpcEvent
+from .runtime import HipRuntime
 
 if TYPE_CHECKING:
     from hisparse_hal.registry import ProbeResult

@@ -1,7 +1,8 @@
 """The ROCm capability plan: every HIP-version and GPU-architecture quirk decided in one pure function.
 
 Invariant: ``plan_capabilities`` loads no library and touches no device; the same HIP runtime version
-and architecture always give the same ``Capabilities``. Each decision carries its source in ``notes``.
+and architecture always give the same ``Capabilities``. Each decision carries its source in ``reasons``,
+keyed by the field it set.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import dataclasses
 import re
 from typing import Literal
 
-from hisparse_hal.capabilities import Capabilities
+from hisparse_hal.capabilities import Capabilities, CapabilityReasons
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 
 __all__ = [
@@ -171,7 +172,7 @@ def plan_capabilities(runtime_version: int, arch: str, *, batch_symbol: bool = T
 
     Returns:
         The ``Capabilities``; ``versions`` records the HIP version, the architecture and its facts
-        (shared memory per block, wavefront size), ``notes`` one sentence per forced decision.
+        (shared memory per block, wavefront size), ``reasons`` the source of each forced decision, by field.
 
     Raises:
         InvalidArgumentError: ``runtime_version`` is not positive or ``arch`` is not a gfx target.
@@ -189,22 +190,24 @@ def plan_capabilities(runtime_version: int, arch: str, *, batch_symbol: bool = T
             "install a ROCm 6.x or 7.x build of torch"
         )
     facts = arch_facts(gfx)
-    notes: list[str] = []
+    reasons = CapabilityReasons()
 
     batch_copy: Literal["native", "loop"] = "native"
     if version < _BATCH_FROM:
         batch_copy = "loop"
-        notes.append(f"HIP {version}: no hipMemcpyBatchAsync before 7.1, swaps use a hipMemcpyAsync loop (vLLM #41737)")
+        reasons.add("batch_copy", f"HIP {version}: no hipMemcpyBatchAsync before 7.1, swaps use a hipMemcpyAsync loop "
+                    "(vLLM #41737)")
     elif not batch_symbol:
         batch_copy = "loop"
-        notes.append(f"HIP {version}: libamdhip64 exports no hipMemcpyBatchAsync, swaps use a hipMemcpyAsync loop")
+        reasons.add("batch_copy", f"HIP {version}: libamdhip64 exports no hipMemcpyBatchAsync, swaps use a "
+                    "hipMemcpyAsync loop")
     elif facts is not None and not facts.batch_copy_safe:
         batch_copy = "loop"
-        notes.append(facts.note)
+        reasons.add("batch_copy", facts.note)
 
     copy_attributes = batch_copy == "native" and version >= _ATTRIBUTES_FROM
     if batch_copy == "native" and not copy_attributes:
-        notes.append(
+        reasons.add("copy_attributes",
             f"HIP {version}: batch calls carry no copy attributes before 7.13; 7.2.1-7.2.3 return "
             "hipErrorNotSupported (801) for numAttrs > 0 (ROCm/clr #273; vLLM #43018)"
         )
@@ -212,12 +215,12 @@ def plan_capabilities(runtime_version: int, arch: str, *, batch_symbol: bool = T
     if batch_copy == "native" and not accelerated:
         # Still one call: it saves a Python-to-C crossing per copy, which the hipMemcpyAsync loop pays
         # (2.1x faster at 4-8 KiB copies on MI300X, vLLM #40549); no DMA batching is claimed.
-        notes.append(
+        reasons.add("batch_copy_accelerated",
             f"HIP {version}: hipMemcpyBatchAsync loops per copy inside the runtime before 7.14 (ROCm/clr "
             "#273); it is still called once per chunk to save per-copy host calls (vLLM #40549)"
         )
     if batch_copy == "native":
-        notes.append(
+        reasons.add("max_batch_descriptors",
             f"at most {MAX_BATCH_DESCRIPTORS} descriptors per hipMemcpyBatchAsync call; more fault the "
             "GPU (vLLM #43018; rocm-systems #9915)"
         )
@@ -227,21 +230,25 @@ def plan_capabilities(runtime_version: int, arch: str, *, batch_symbol: bool = T
     if (version.major, version.minor) == (7, 2):
         ipc_max_cycles = IPC_EVENT_RING_SLOTS
         shared_host_pool = False
-        notes.append(
+        reasons.add("ipc_event_max_cycles",
             f"HIP {version}: IPC events break after {IPC_EVENT_RING_SLOTS} record/wait cycles (vLLM #57602; "
-            "rocm-systems #11511), so no shared host pool; events refuse the 33rd cycle"
+            "rocm-systems #11511); events refuse the 33rd cycle"
+        )
+        reasons.add("shared_host_pool",
+            f"HIP {version}: IPC events break after {IPC_EVENT_RING_SLOTS} record/wait cycles, so ranks cannot "
+            "synchronize on one shared host pool (vLLM #57602)"
         )
 
     graph_capture = version >= _CAPTURE_FROM
     if not graph_capture:
-        notes.append(
+        reasons.add("graph_capture",
             f"HIP {version}: graph capture needs ROCm 7.2.1 (HIP 7.2.53211) or later; before it another "
             "thread's hipEventQuery invalidates a capture (SGLang #23580)"
         )
 
     kv_formats = {"bf16"}
     if facts is None:
-        notes.append(
+        reasons.add("kv_formats",
             f"{gfx.base} is not in this backend's architecture table: bf16 KV only, since its fp8 flavour "
             "(fnuz or OCP) is unknown and the wrong one corrupts values (vLLM #45563)"
         )
@@ -249,7 +256,8 @@ def plan_capabilities(runtime_version: int, arch: str, *, batch_symbol: bool = T
         kv_formats.add(facts.fp8_format)
     # Registered host memory can have a device address other than its host address (MI355X, ROCm
     # 7.2; SGLang #33968, #35233, #36966): every registration records hipHostGetDevicePointer's alias.
-    notes.append("registered host memory gets a device alias from hipHostGetDevicePointer (SGLang #35233)")
+    reasons.add("host_pointer_alias",
+                "registered host memory gets a device alias from hipHostGetDevicePointer (SGLang #35233)")
 
     versions = {
         "hip_runtime": str(version),
@@ -276,5 +284,5 @@ def plan_capabilities(runtime_version: int, arch: str, *, batch_symbol: bool = T
         versions=versions,
         copy_attributes=copy_attributes,
         batch_copy_accelerated=accelerated,
-        notes=tuple(notes),
+        reasons=reasons,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from hisparse_hal.errors import UnsupportedCapabilityError
-from hisparse_hal.vendors.torch_gpu import GpuIpcEvent
+from hisparse_hal.vendors.gpu.events import GpuIpcEvent
 
 __all__ = ["CycleLimitedIpcEvent"]
 

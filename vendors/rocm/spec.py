@@ -26,7 +26,7 @@ __all__ = ["ProbeInputs", "probe_rocm", "probe", "SPEC"]
 
 
 def _find_library() -> tuple[Path | None, list[str]]:
-    from .hip_runtime import (
+    from .runtime import (
         find_hip_library,  # ctypes declarations only; nothing is loaded
     )
 

@@ -206,7 +206,7 @@ def test_ipc_events_take_vllms_stream_calls_and_export_picklable_handles(backend
 
 
 class _GpuLikeEvent:
-    """A hisparse-hal GPU event's shape (vendors/torch_gpu.py GpuIpcEvent): the torch event it wraps."""
+    """A hisparse-hal GPU event's shape (vendors/gpu/events.py GpuIpcEvent): the torch event it wraps."""
 
     def __init__(self) -> None:
         self.torch_event = torch.Event("cpu")  # stands for the torch.cuda.Event a GPU backend wraps

@@ -1,6 +1,6 @@
-"""The HIP runtime binding, driven through its C ABI by the simulated HIP runtime (tests/sim_hip_runtime.py):
-every return code checked, batch descriptors passed by pointer, attributes only where allowed, the
-library found in order with every path listed when none loads."""
+"""The HIP runtime binding (``vendors/rocm/runtime.py``, ``HipRuntime``), driven through its C ABI by the simulated
+HIP runtime (``hisparse_hal/testing/sim_hip_runtime.py``): every return code checked, batch descriptors passed by
+pointer, attributes only where allowed, the library found in order with every path listed when none loads."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError, InvalidArgumentError
 from hisparse_hal.regions import Region, RegionTable
 from hisparse_hal.testing.sim_hip_runtime import RELEASES, SimulatedHipRuntime
-from hisparse_hal.vendors.rocm.hip_runtime import (
+from hisparse_hal.vendors.rocm.runtime import (
     LIBRARY_NAMES,
     HipMemcpyAttributes,
     HipRuntime,

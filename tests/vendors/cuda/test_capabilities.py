@@ -44,23 +44,25 @@ def test_plan_uses_native_batch_copy_from_driver_12_8(
     assert (caps.graph_capture, caps.host_pointer_alias) == (True, False)
     assert caps.kv_formats == frozenset({"bf16", "fp8_e4m3fn", "fp8_ds_mla"})
     assert "fp8_e4m3fnuz" not in caps.kv_formats
-    joined = " ".join(caps.notes)
-    assert "vLLM #49276" in joined
-    assert ("cuMemcpyBatchAsync" in joined) and (("vLLM #38460" in joined) is not native)
+    assert "vLLM #49276" in caps.reasons["max_batch_descriptors"]
+    assert "cuMemcpyBatchAsync" in caps.reasons["batch_copy"]
+    assert ("vLLM #38460" in caps.reasons["batch_copy"]) is not native
+    assert ("copy_attributes" in caps.reasons) is native
 
 
 def test_plan_records_the_host_pointer_alias_the_device_attribute_asks_for() -> None:
     caps = plan_capabilities(12080, "sm_90", host_pointer_alias=True)
     assert caps.host_pointer_alias is True
-    assert any("CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0" in note and "cuMemHostGetDevicePointer" in note
-               for note in caps.notes)
+    why = caps.reasons["host_pointer_alias"]
+    assert "CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0" in why and "cuMemHostGetDevicePointer" in why
     default = plan_capabilities(12080, "sm_90")
     assert default.host_pointer_alias is False
-    assert not any("CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM" in note for note in default.notes)
+    assert "host_pointer_alias" not in default.reasons
 
 
 def test_plan_notes_that_a_pre_12_driver_is_below_the_supported_minimum() -> None:
-    assert any("older than the supported minimum 12.0" in note for note in plan_capabilities(11080, "sm_80").notes)
+    assert "older than the supported minimum 12.0" in plan_capabilities(11080, "sm_80").reasons["versions"]
+    assert "versions" not in plan_capabilities(12080, "sm_90").reasons
 
 
 def test_default_cap_is_far_below_the_descriptor_count_that_crashed_cuda_13() -> None:

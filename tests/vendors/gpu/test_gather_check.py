@@ -1,4 +1,5 @@
-"""The GPU gather's id check in two launches: the Triton check under triton's interpreter on CPU tensors.
+"""The GPU gather's id check in two launches (``vendors/gpu/gather_check.py``): the Triton check under triton's
+interpreter on CPU tensors.
 
 A counter wraps the two kernels' launches and a ``TorchDispatchMode`` records every torch operator the
 gather runs besides them (the kernels' own interpreter work is hidden from it), so the test shows what a
@@ -26,8 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from hisparse_hal.errors import InvalidArgumentError  # noqa: E402
 from hisparse_hal.gather import gather_rows, new_fault_record, raise_recorded_fault  # noqa: E402
 from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend  # noqa: E402
-from hisparse_hal.vendors import gather_check  # noqa: E402
-from hisparse_hal.vendors.gather_check import TritonIdCheck  # noqa: E402
+from hisparse_hal.vendors.gpu import gather_check  # noqa: E402
+from hisparse_hal.vendors.gpu.gather_check import TritonIdCheck  # noqa: E402
 
 CPU = torch.device("cpu")
 #: Operators that only describe a tensor (no kernel on a GPU).

@@ -55,4 +55,5 @@ def test_conformance_suite_passes_on_the_simulated_hip_runtime(tmp_path, release
     assert by_area["pinning"] == {"passed", "skipped"}  # one test needs a device that is not host memory
     capabilities = results["facts"]["capabilities"]
     assert capabilities["batch_copy"] == ("loop" if release == "7.0" else "native")
-    assert capabilities["notes"][-1].startswith("SIMULATED HIP runtime")  # the report says what ran
+    assert capabilities["reasons"]["graph_capture"].startswith("SIMULATED HIP runtime")  # the report says what ran
+    assert "graph_capture: SIMULATED HIP runtime" in " ".join(capabilities["notes"])

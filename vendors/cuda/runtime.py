@@ -19,7 +19,7 @@ from typing import Any
 
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError
 from hisparse_hal.regions import SwapBatch
-from hisparse_hal.vendors.torch_gpu import nonempty_descriptors
+from hisparse_hal.vendors.gpu.runtime import SIZE_MAX, descriptor_index, nonempty_descriptors
 
 __all__ = [
     "CudaDriver",
@@ -48,7 +48,6 @@ LIBCUDA_CANDIDATES: tuple[str, ...] = (
 )
 
 CUDA_SUCCESS = 0
-SIZE_MAX = 2**64 - 1
 #: ABI version at which ``cuMemcpyBatchAsync`` still has ``failIdx``; CUDA 13 headers map the name to
 #: ``cuMemcpyBatchAsync_v2`` without it (vLLM csrc/cache_kernels.cu), so the version is explicit.
 BATCH_ABI_VERSION = 12080
@@ -165,7 +164,7 @@ class CudaDriver:
 
     Args:
         device_ordinal: the CUDA device (after ``CUDA_VISIBLE_DEVICES``), torch's device index.
-        library: a loaded driver library (tests pass the simulator in ``tests/sim_cuda_driver.py``);
+        library: a loaded driver library (tests pass ``hisparse_hal.testing.sim_cuda_driver``);
             None loads ``libcuda.so.1`` on first use.
 
     The device's primary context (shared with torch's runtime) is retained on first use and kept
@@ -358,12 +357,9 @@ class CudaDriver:
                 stream or None,
             )
             if code != CUDA_SUCCESS:  # raised inside the context so the pop cannot mask it
-                index = None
-                if fail.value != SIZE_MAX and fail.value < count:
-                    index = int(positions[fail.value]) if positions is not None else int(fail.value)
                 raise DeviceRuntimeError(
                     "cuMemcpyBatchAsync", code, self.error_name(code),
-                    f"{count} descriptors on stream {stream:#x}", index,
+                    f"{count} descriptors on stream {stream:#x}", descriptor_index(fail.value, count, positions),
                 )
 
     def copy_each(self, batch: SwapBatch, stream: int) -> None:
@@ -381,10 +377,10 @@ class CudaDriver:
             for i, (d, s, n) in enumerate(zip(dst.tolist(), src.tolist(), sizes.tolist(), strict=True)):
                 code = memcpy(d, s, n, handle)
                 if code != CUDA_SUCCESS:
-                    index = int(positions[i]) if positions is not None else i
                     raise DeviceRuntimeError(
                         "cuMemcpyAsync", code, self.error_name(code),
-                        f"copy of {n} bytes {s:#x} -> {d:#x} on stream {stream:#x}", index,
+                        f"copy of {n} bytes {s:#x} -> {d:#x} on stream {stream:#x}",
+                        descriptor_index(i, len(dst), positions),
                     )
 
     # ----------------------------------------------------------------- host registration

@@ -1,4 +1,5 @@
-"""The GPU backends' one host-to-device address translation (``HostAliasMap``) and its users.
+"""The GPU backends' one host-to-device address translation (``vendors/gpu/host_aliases.py``, ``HostAliasMap``) and
+its users.
 
 ``device_addresses`` (vectorized), ``device_address_of_host`` (a tensor's range) and, through it,
 ``device_view_of_host`` all read one table per pin generation, on the simulated CUDA driver (with and
@@ -16,10 +17,10 @@ from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 from hisparse_hal.host_registration import HostChunk, HostRegistration
 from hisparse_hal.testing.sim_cuda_driver import DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
 from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
-from hisparse_hal.vendors import host_aliases
 from hisparse_hal.vendors.cuda.backend import CudaBackend
-from hisparse_hal.vendors.cuda.driver import CudaDriver
-from hisparse_hal.vendors.host_aliases import HostAliasMap
+from hisparse_hal.vendors.cuda.runtime import CudaDriver
+from hisparse_hal.vendors.gpu import host_aliases
+from hisparse_hal.vendors.gpu.host_aliases import HostAliasMap
 
 CPU = torch.device("cpu")
 
@@ -114,8 +115,8 @@ def test_cuda_device_addresses_follow_attribute_91(usable):
 
 
 def test_rocm_device_addresses_come_from_the_shared_layer():
+    from hisparse_hal.vendors.gpu.backend import TorchGpuBackend
     from hisparse_hal.vendors.rocm.backend import RocmBackend
-    from hisparse_hal.vendors.torch_gpu import TorchGpuBackend
 
     assert "device_addresses" not in vars(RocmBackend)  # one translation: ROCm's own copy is gone
     sim = SimulatedHipRuntime("7.2.1")

@@ -1,8 +1,9 @@
-"""Pinning on the CPU reference device: registration, mlock page-locking, chunks and rollback; and its
-identity and capabilities."""
+"""The CPU device's libc binding (``vendors/cpu/runtime.py``) and the pinning built on it: registration, mlock
+page-locking (``PageLocker``), chunks and rollback, and ``memmove_each``."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import logging
@@ -17,10 +18,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-import hisparse_hal
 from hisparse_hal.errors import DeviceRuntimeError, InvalidArgumentError, InvalidDescriptorError
 from hisparse_hal.vendors.cpu.backend import CpuBackend
-from hisparse_hal.vendors.cpu.page_lock import PageLocker, probe_page_lock
+from hisparse_hal.vendors.cpu.runtime import PageLocker, memmove_each, probe_page_lock
 
 PAGE = mmap.PAGESIZE
 MLOCK_WORKS = probe_page_lock()[0]
@@ -45,43 +45,6 @@ def _assert_nothing_pinned(backend: CpuBackend) -> None:
     assert backend.pinned_registrations() == ()
     assert len(backend.regions) == 0
     assert backend.page_locker.locked_ranges() == ()
-
-
-# ----------------------------------------------------------------------------- identity
-@pytest.fixture
-def cpu_build_of_torch(monkeypatch: pytest.MonkeyPatch):
-    """Make torch look like a CPU build (as here), so automatic selection is the CPU device on any machine."""
-    from hisparse_hal import registry
-
-    monkeypatch.setattr(torch.version, "cuda", None, raising=False)
-    monkeypatch.setattr(torch.version, "hip", None, raising=False)
-    monkeypatch.delenv(registry.BACKEND_ENV, raising=False)
-    registry.reset_backend_cache()
-    yield
-    registry.reset_backend_cache()
-
-
-def test_cpu_backend_is_selected_without_a_gpu_build_and_reports_its_capabilities(cpu_build_of_torch):
-    backend = hisparse_hal.get_backend()
-    assert isinstance(backend, CpuBackend) and backend.name == "cpu"
-    assert backend.device == torch.device("cpu")
-    caps = backend.capabilities
-    assert caps.batch_copy == "native" and caps.max_batch_descriptors is None
-    assert caps.ipc_events and caps.ipc_event_max_cycles is None
-    assert caps.shared_host_pool and caps.graph_capture and not caps.host_pointer_alias
-    assert caps.kv_formats == {"bf16", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_ds_mla"}
-    assert caps.stats_dtype == torch.uint64 == backend.stats_dtype
-    assert caps.versions["torch"] == torch.__version__
-    assert caps.versions["page_lock"] == ("mlock" if MLOCK_WORKS else "unavailable")
-    assert backend.supports_shared_host_pool is True
-    assert backend.capabilities is backend.capabilities
-    backend.check_available()
-
-
-def test_cpu_probe_reports_page_locking():
-    result = next(r for r in hisparse_hal.probe_backends() if r.name == "cpu")
-    assert result.available and "host memory" in result.reason
-    assert result.facts["page_lock"] is MLOCK_WORKS and result.facts["memlock_limit"]
 
 
 # ----------------------------------------------------------------------------- pin and unpin
@@ -120,7 +83,7 @@ def test_unpinning_one_tensor_keeps_a_shared_boundary_page_locked_for_its_neighb
 def test_pin_where_the_os_refuses_mlock_registers_unlocked_and_logs_once(backend, caplog):
     backend.page_locker.mlock = lambda address, size: errno.ENOMEM
     a, b = torch.zeros(PAGE, dtype=torch.uint8), torch.zeros(PAGE, dtype=torch.uint8)
-    with caplog.at_level(logging.INFO, logger="hisparse_hal.vendors.cpu.page_lock"):
+    with caplog.at_level(logging.INFO, logger="hisparse_hal.vendors.cpu.runtime"):
         backend.pin_tensor(a)
         backend.pin_tensor(b)
     assert not backend.host_registration(a).page_locked and not backend.host_registration(b).page_locked
@@ -165,7 +128,7 @@ def test_pin_over_the_real_rlimit_memlock_registers_unlocked(tmp_path):
 def test_pin_with_eperm_says_the_process_may_not_lock(backend, caplog):
     backend.page_locker.mlock = lambda address, size: errno.EPERM
     tensor = torch.zeros(PAGE, dtype=torch.uint8)
-    with caplog.at_level(logging.INFO, logger="hisparse_hal.vendors.cpu.page_lock"):
+    with caplog.at_level(logging.INFO, logger="hisparse_hal.vendors.cpu.runtime"):
         backend.pin_tensor(tensor)
     assert not backend.host_registration(tensor).page_locked
     assert "EPERM" in caplog.text and "may not lock memory" in caplog.text
@@ -316,3 +279,11 @@ def test_register_region_rejects_a_bool_address_or_size_and_registers_nothing(ba
     with pytest.raises(InvalidArgumentError, match=rf"must be ints, got {address!r}, {size!r}"):
         backend.register_region(address, size, "flag")
     assert list(backend.regions) == []
+
+
+def test_memmove_each_copies_in_order():
+    buffer = (ctypes.c_uint8 * 8)(*range(8))
+    base = ctypes.addressof(buffer)
+    i64 = lambda values: torch.tensor(values, dtype=torch.int64)  # noqa: E731
+    memmove_each(i64([base, base + 1]), i64([base + 1, base + 2]), i64([1, 1]))
+    assert list(buffer) == [0, 0, 0, 3, 4, 5, 6, 7]

@@ -337,13 +337,6 @@ def test_generated_overlapping_swaps_in_one_region_run_in_order_like_memmove(cas
     assert _host_bytes(memory) == bytes(expected)
 
 
-def test_memmove_each_copies_in_order():
-    buffer = (ctypes.c_uint8 * 8)(*range(8))
-    base = ctypes.addressof(buffer)
-    byte_copy.memmove_each(_i64([base, base + 1]), _i64([base + 1, base + 2]), _i64([1, 1]))
-    assert list(buffer) == [0, 0, 0, 3, 4, 5, 6, 7]
-
-
 def test_swap_whose_sources_tile_a_run_scatters_in_one_pass(backend):
     cache = _random_bytes(64 * BLOCK, seed=21).view(64, BLOCK)
     pool = torch.zeros(256, BLOCK, dtype=torch.uint8)

@@ -1,4 +1,5 @@
-"""The GPU layer's gather checks row ids on the device: no read-back to the host, a bad id reported later.
+"""``TorchGpuBackend.gather_resident_rows`` (``vendors/gpu/backend.py``) checks row ids on the device: no read-back
+to the host, a bad id reported later.
 
 CPU tensors stand in for device memory (a simulated ROCm backend on the CPU device); the shared guard of
 ``host_sync_guard`` fails on every operator or Tensor method (``.tolist()``, ``.item()``) that would read a
@@ -105,8 +106,8 @@ def test_cpu_device_raises_from_the_gather_and_has_nothing_deferred():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 def test_gpu_gather_does_not_synchronize_under_sync_debug_mode_error():
     from hisparse_hal.vendors.cuda.capabilities import plan_capabilities
-    from hisparse_hal.vendors.cuda.driver import CudaDriver
-    from hisparse_hal.vendors.torch_gpu import TorchGpuBackend
+    from hisparse_hal.vendors.cuda.runtime import CudaDriver
+    from hisparse_hal.vendors.gpu.backend import TorchGpuBackend
 
     backend = TorchGpuBackend(plan_capabilities(12080, "sm_90"), CudaDriver(0), torch.cuda.current_device())
     source = _source().to(backend.device)

@@ -1,4 +1,6 @@
-"""Page-locking host ranges with libc ``mlock``/``munlock`` for the CPU reference device.
+"""The CPU device's runtime binding: the only module that calls into libc (``mlock``/``munlock`` page
+locking, ``memmove`` byte copies) or reads ``RLIMIT_MEMLOCK``; the role ``runtime.py`` has in ``cuda/``
+(libcuda) and ``rocm/`` (libamdhip64).
 
 Invariant: a page stays locked while any live locked range touches it. Ranges pinned by different
 tensors never overlap, but two may share a boundary page; unlocking one leaves shared pages locked.
@@ -12,12 +14,15 @@ import ctypes.util
 import errno
 import logging
 import mmap
+import resource
 import threading
 from collections.abc import Callable
 
+import torch
+
 from hisparse_hal.errors import DeviceRuntimeError
 
-__all__ = ["PageLocker", "probe_page_lock", "REFUSAL_ERRNOS"]
+__all__ = ["PageLocker", "probe_page_lock", "memlock_limit", "memmove_each", "REFUSAL_ERRNOS"]
 
 log = logging.getLogger(__name__)
 
@@ -166,3 +171,15 @@ class PageLocker:
         first_shared = any(other_lo <= lo < other_hi for other_lo, other_hi in spans)
         last_shared = any(other_lo < hi <= other_hi for other_lo, other_hi in spans)
         return lo + PAGE_BYTES * first_shared, hi - PAGE_BYTES * last_shared
+
+
+def memlock_limit() -> str:
+    """This process's soft ``RLIMIT_MEMLOCK``: ``"unlimited"`` or ``"<n> bytes"``."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes"
+
+
+def memmove_each(src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
+    """Copy descriptor by descriptor, in order, with ``ctypes.memmove`` (overlap-safe)."""
+    for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist(), strict=True):
+        ctypes.memmove(d, s, n)

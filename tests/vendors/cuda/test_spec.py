@@ -1,4 +1,5 @@
-"""The CUDA probe: one reason per way of being unavailable, facts from NVML, no device context.
+"""The CUDA probe (``vendors/cuda/spec.py`` over ``nvml.py``): one reason per way of being unavailable, facts from
+NVML, no device context.
 
 NVML is replaced by a fake ``pynvml`` module (injected into ``sys.modules``) and torch's build by
 patching ``torch.version``; the last test runs the real probe in a fresh process.
@@ -217,7 +218,7 @@ def test_import_and_probe_create_no_cuda_context_and_load_no_driver_binding(tmp_
         "from hisparse_hal import probe_backends\n"
         "p = probe(); probe_backends()\n"
         "print(json.dumps({'initialized': torch.cuda.is_initialized(),\n"
-        "  'driver_loaded': 'hisparse_hal.vendors.cuda.driver' in sys.modules,\n"
+        "  'driver_loaded': 'hisparse_hal.vendors.cuda.runtime' in sys.modules,\n"
         "  'backend_loaded': 'hisparse_hal.vendors.cuda.backend' in sys.modules,\n"
         "  'reason': p.reason, 'plan': cuda.plan_capabilities.__module__}))\n"
     )
@@ -243,7 +244,7 @@ def _context_calls_during_probe(monkeypatch: pytest.MonkeyPatch) -> dict[str, in
     the simulated driver; the context-creating calls the driver saw and torch's CUDA lazy inits, by name."""
     from hisparse_hal import probe_backends, select_backend
     from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver
-    from hisparse_hal.vendors.cuda import driver
+    from hisparse_hal.vendors.cuda import runtime as driver
 
     install(monkeypatch, fake_pynvml())
     simulated = SimulatedCudaDriver()
@@ -277,7 +278,7 @@ def test_context_count_catches_a_probe_that_retains_the_primary_context(
     monkeypatch: pytest.MonkeyPatch, cuda_torch: None,
 ) -> None:
     """Planted bug: the probe asks the driver for its version and a context (as ``torch.cuda.init()`` would)."""
-    from hisparse_hal.vendors.cuda.driver import CudaDriver
+    from hisparse_hal.vendors.cuda.runtime import CudaDriver
 
     real_read = spec.read_nvml
 

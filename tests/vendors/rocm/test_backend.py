@@ -1,6 +1,7 @@
-"""RocmBackend end to end on the CPU, driving the SIMULATED HIP runtime (tests/sim_hip_runtime.py) through
-the real ctypes binding: swaps per ROCm release, the 8,192 cap, device aliases, rollback, teardown,
-KV formats per architecture, the capture gate and the IPC cycle limit. Proves logic, not AMD hardware."""
+"""RocmBackend (``vendors/rocm/backend.py``) end to end on the CPU, driving the SIMULATED HIP runtime
+(``hisparse_hal/testing/sim_hip_runtime.py``) through the real ctypes binding: swaps per ROCm release, the 8,192
+cap, device aliases, rollback, teardown, KV formats per architecture, the capture gate and the IPC cycle limit.
+Proves logic, not AMD hardware."""
 
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ from hisparse_hal.testing.sim_hip_runtime import (
     capturing,
     simulated_rocm_backend,
 )
-from hisparse_hal.vendors import torch_gpu
+from hisparse_hal.vendors.gpu import events as gpu_events
+from hisparse_hal.vendors.gpu.events import GpuIpcEvent
+from hisparse_hal.vendors.gpu.runtime import CopyRuntime
 from hisparse_hal.vendors.rocm.backend import RocmBackend
-from hisparse_hal.vendors.rocm.hip_runtime import HipRuntime
 from hisparse_hal.vendors.rocm.ipc_cycles import CycleLimitedIpcEvent
-from hisparse_hal.vendors.torch_gpu import CopyRuntime, GpuIpcEvent
+from hisparse_hal.vendors.rocm.runtime import HipRuntime
 
 BLOCK = 64  # bytes per block: block_size 4 rows x row_width 8 bf16 elements
 
@@ -412,7 +414,7 @@ def test_ipc_event_on_rocm_7_2_refuses_the_33rd_record_before_the_ring_breaks(si
 def test_imported_ipc_event_on_rocm_7_2_refuses_the_33rd_wait(simulated_events, monkeypatch):
     exporter = simulated_rocm_backend(SimulatedHipRuntime("7.2.1"))
     with monkeypatch.context() as patch:
-        patch.setattr(torch_gpu, "_PROCESS_TOKEN", b"\x01" * 16)  # as if exported by another process
+        patch.setattr(gpu_events, "_PROCESS_TOKEN", b"\x01" * 16)  # as if exported by another process
         handle = exporter.export_event(exporter.create_ipc_event())
     importer = simulated_rocm_backend(SimulatedHipRuntime("7.2.1"))
     event = importer.import_event(torch.device("cuda", 0), handle)

@@ -1,22 +1,17 @@
-"""What the CUDA and ROCm backends share through torch's ``torch.cuda`` namespace, written once.
+"""The GPU backend CUDA and ROCm share through torch's ``torch.cuda`` namespace, written once.
 
-A vendor subclass supplies a :class:`CopyRuntime` (its binding to libcuda or libamdhip64) and its
-``Capabilities``; this layer picks the copy path per swap (native batch or per-copy loop), chunks at the
-descriptor cap, pins through the runtime, captures with ``torch.cuda.CUDAGraph`` and carries IPC events.
-Invariant: no device call is made for work that has already been rejected.
+A vendor subclass supplies a :class:`~hisparse_hal.vendors.gpu.runtime.CopyRuntime` (its binding to libcuda
+or libamdhip64) and its ``Capabilities``; this layer picks the copy path per swap (native batch or per-copy
+loop), chunks at the descriptor cap, pins through the runtime, captures with ``torch.cuda.CUDAGraph`` and
+carries IPC events. Invariant: no device call is made for work that has already been rejected.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import struct
-import time
-import uuid
 import warnings
 from collections.abc import Iterator
-from typing import Protocol, cast, runtime_checkable
 
 import torch
 
@@ -26,7 +21,6 @@ from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import (
     CaptureMisuseError,
     DeviceRuntimeError,
-    EventTimeoutError,
     InvalidArgumentError,
     UnsupportedCapabilityError,
 )
@@ -34,20 +28,14 @@ from hisparse_hal.events import HalEvent
 from hisparse_hal.gather import gather_rows, new_fault_record, raise_recorded_fault
 from hisparse_hal.regions import SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
-from hisparse_hal.vendors.gather_check import TritonIdCheck, triton_check_available
-from hisparse_hal.vendors.host_aliases import HostAliasMap
 
-__all__ = [
-    "CopyRuntime",
-    "TorchGpuBackend",
-    "GpuIpcEvent",
-    "GpuCapturedGraph",
-    "LEGACY_DEFAULT_STREAM",
-    "BATCH_COPY_MODES",
-    "encode_event_handle",
-    "decode_event_handle",
-    "nonempty_descriptors",
-]
+from .events import GpuIpcEvent, decode_event_handle, encode_event_handle
+from .gather_check import TritonIdCheck, triton_check_available
+from .graph import GpuCapturedGraph
+from .host_aliases import HostAliasMap
+from .runtime import CopyRuntime
+
+__all__ = ["TorchGpuBackend", "LEGACY_DEFAULT_STREAM", "BATCH_COPY_MODES"]
 
 log = logging.getLogger(__name__)
 
@@ -55,157 +43,7 @@ log = logging.getLogger(__name__)
 LEGACY_DEFAULT_STREAM = 0
 BATCH_COPY_MODES = ("auto", "loop")
 
-#: Bytes of a CUDA/HIP IPC event handle (``cudaIpcEventHandle_t`` / ``hipIpcEventHandle_t``).
-IPC_EVENT_HANDLE_BYTES = 64
-_HANDLE_MAGIC = b"HSHALEV1"
-_HANDLE_HEADER = struct.Struct("<8s16sqi")  # magic, exporting process token, pid, device index
-#: Identifies this process in exported handles; with the pid it survives PID namespaces and fork.
-_PROCESS_TOKEN = uuid.uuid4().bytes
 
-
-@runtime_checkable
-class CopyRuntime(Protocol):
-    """A vendor runtime binding as the shared GPU layer uses it.
-
-    Implemented by ``hisparse_hal.vendors.cuda.driver`` and ``hisparse_hal.vendors.rocm.hip_runtime``.
-    Every method checks every return code and raises ``DeviceRuntimeError`` with the vendor's error
-    name (and, for a batch, the failing descriptor index within the batch it was given).
-    """
-
-    #: Names the runtime in messages: ``"CUDA driver"``, ``"HIP runtime"``.
-    label: str
-
-    def has_batch_copy(self) -> bool:
-        """Whether the vendor's batch-copy symbol was resolved."""
-        ...
-
-    def copy_batch(self, batch: SwapBatch, stream: int, *, use_attributes: bool) -> None:
-        """Enqueue ``batch`` (at most the cap) with ONE vendor batch call on ``stream``.
-
-        The descriptor tensors' memory is passed to the vendor directly (``data_ptr()``). With
-        ``use_attributes`` device-to-host sources are read in stream order.
-        """
-        ...
-
-    def copy_each(self, batch: SwapBatch, stream: int) -> None:
-        """Enqueue ``batch`` one asynchronous copy per descriptor on ``stream``."""
-        ...
-
-    def register_host(self, address: int, size: int) -> int | None:
-        """Page-lock and register ``[address, address + size)``; return its device alias, if any."""
-        ...
-
-    def unregister_host(self, address: int) -> None:
-        """Release a registration made by :meth:`register_host` starting at ``address``."""
-        ...
-
-    def is_context_lost(self, error: DeviceRuntimeError) -> bool:
-        """Whether ``error`` means the device context is gone (teardown then leaks instead of failing)."""
-        ...
-
-
-# --------------------------------------------------------------------------- IPC events
-def encode_event_handle(device_index: int, handle: bytes) -> bytes:
-    """Pack an IPC event handle with its device index and exporting process into picklable bytes.
-
-    Raises:
-        InvalidArgumentError: ``handle`` is not 64 bytes.
-    """
-    if len(handle) != IPC_EVENT_HANDLE_BYTES:
-        raise InvalidArgumentError(
-            f"an IPC event handle must be {IPC_EVENT_HANDLE_BYTES} bytes, got {len(handle)}"
-        )
-    return _HANDLE_HEADER.pack(_HANDLE_MAGIC, _PROCESS_TOKEN, os.getpid(), device_index) + bytes(handle)
-
-
-def decode_event_handle(data: object) -> tuple[bool, int, bytes]:
-    """Unpack bytes made by :func:`encode_event_handle`.
-
-    Returns:
-        ``(exported_by_this_process, device_index, handle)``.
-
-    Raises:
-        InvalidArgumentError: not bytes, the wrong length, or not a hisparse-hal event handle.
-    """
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise InvalidArgumentError(f"import_event: handle must be bytes from export_event, got {type(data).__name__}")
-    raw = bytes(data)
-    expected = _HANDLE_HEADER.size + IPC_EVENT_HANDLE_BYTES
-    if len(raw) != expected or not raw.startswith(_HANDLE_MAGIC):
-        raise InvalidArgumentError(
-            f"import_event: handle of {len(raw)} bytes is not from a GPU backend's export_event "
-            f"(expected {expected} bytes starting with {_HANDLE_MAGIC!r})"
-        )
-    _magic, token, pid, device_index = _HANDLE_HEADER.unpack_from(raw)
-    same_process = token == _PROCESS_TOKEN and pid == os.getpid()
-    return same_process, device_index, raw[_HANDLE_HEADER.size:]
-
-
-class GpuIpcEvent:
-    """An interprocess ``torch.cuda.Event`` with a bounded ``synchronize``.
-
-    ``torch_event`` is the wrapped event; ``record``/``wait``/``query`` forward to it.
-    """
-
-    def __init__(self, torch_event: torch.cuda.Event, device_index: int, timeout_s: float, imported: bool) -> None:
-        self.torch_event = torch_event
-        self.device_index = device_index
-        self.timeout_s = timeout_s
-        self.imported = imported
-
-    def record(self, stream: object | None = None) -> None:
-        """Record on ``stream`` (the current stream when None)."""
-        # The contract's stream is opaque (``object``); here it is a torch stream, which torch checks.
-        self.torch_event.record(cast("torch.cuda.Stream | None", stream))
-
-    def wait(self, stream: object | None = None) -> None:
-        """Make ``stream`` (the current stream when None) wait for the event on the device."""
-        self.torch_event.wait(cast("torch.cuda.Stream | None", stream))
-
-    def query(self) -> bool:
-        """True when the work recorded before the event has completed."""
-        return bool(self.torch_event.query())
-
-    def synchronize(self, timeout: float | None = None) -> None:
-        """Block until the event completes, at most ``timeout`` seconds (default ``timeout_s``).
-
-        Raises:
-            EventTimeoutError: the event did not complete in time.
-        """
-        bound = self.timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + bound
-        pause = 1e-5
-        while not self.query():
-            if time.monotonic() >= deadline:
-                raise EventTimeoutError(
-                    f"IPC event on device {self.device_index} did not complete within {bound} s; "
-                    "check that the exporting process recorded it and is still running"
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
-
-
-class GpuCapturedGraph:
-    """A ``torch.cuda.CUDAGraph`` captured by :meth:`TorchGpuBackend.capture`."""
-
-    def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
-        self.graph = graph
-        self.complete = False
-
-    def replay(self) -> None:
-        """Run the captured work on the current stream.
-
-        Raises:
-            CaptureMisuseError: the capture has not ended (replay inside the ``with`` block) or failed.
-        """
-        if not self.complete:
-            raise CaptureMisuseError(
-                "replay() called before the capture ended; leave the capture() block first"
-            )
-        self.graph.replay()
-
-
-# --------------------------------------------------------------------------- the backend
 class TorchGpuBackend(HiSparseBackend):
     """The shared GPU backend: streams, graphs and events from ``torch.cuda``, copies from a runtime.
 
@@ -226,7 +64,7 @@ class TorchGpuBackend(HiSparseBackend):
     while capturing are rejected the same way.
     """
 
-    name = "torch_gpu"
+    name = "gpu"
 
     def __init__(
         self,
@@ -541,12 +379,12 @@ class TorchGpuBackend(HiSparseBackend):
 
         Raises:
             UnsupportedCapabilityError: ``capabilities.graph_capture`` is False on this runtime (the
-                message carries the capability note that says why).
+                message carries ``capabilities.reasons["graph_capture"]``).
             CaptureMisuseError: a capture is already underway on the current stream.
         """
         if not self._capabilities.graph_capture:
-            why = "; ".join(note for note in self._capabilities.notes if "capture" in note)
-            raise self._unsupported(f"capture() (capability graph_capture is False: {why or 'not supported'})")
+            why = self._capabilities.reasons.get("graph_capture", "not supported")
+            raise self._unsupported(f"capture() (capability graph_capture is False: {why})")
         if self.is_current_stream_capturing():
             raise CaptureMisuseError("capture() called while the current stream is already capturing")
         return self._capture_graph()
@@ -643,19 +481,3 @@ def _shift_error(error: DeviceRuntimeError, offset: int) -> DeviceRuntimeError:
         done = f"descriptors before {offset} were already enqueued in earlier chunks"
         detail = f"{detail}; {done}" if detail else done
     return DeviceRuntimeError(error.call, error.code, error.error_name, detail, index)
-
-
-def nonempty_descriptors(batch: SwapBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(dst, src, sizes, positions)`` of ``batch`` without its zero-byte descriptors, vectorized.
-
-    A zero-byte copy moves nothing, and vendor batch calls may reject it (cuMemcpyBatchAsync does,
-    rapidsai/rmm #2509), so runtimes leave such descriptors out. ``positions`` maps each kept
-    descriptor back to its index in ``batch`` for error messages; it is None when every one is kept.
-    """
-    if batch.size_range is not None and batch.size_range[0] > 0:
-        return batch.dst, batch.src, batch.sizes, None  # the check's bounds already exclude zero sizes
-    keep = batch.sizes != 0
-    if bool(keep.all()):
-        return batch.dst, batch.src, batch.sizes, None
-    positions = keep.nonzero().squeeze(1)
-    return batch.dst[positions], batch.src[positions], batch.sizes[positions], positions

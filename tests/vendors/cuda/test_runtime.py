@@ -1,7 +1,7 @@
-"""The libcuda binding (``hisparse_hal/vendors/cuda/driver.py``) driven through the simulated driver.
+"""The libcuda binding (``vendors/cuda/runtime.py``, ``CudaDriver``) driven through the simulated driver.
 
-The simulator (``tests/sim_cuda_driver.py``) is not the NVIDIA driver: these tests prove the binding's
-logic (symbol resolution per version, ABI choice, error checking, context handling, real bytes moved
+The simulator (``hisparse_hal/testing/sim_cuda_driver.py``) is not the NVIDIA driver: these tests prove the
+binding's logic (symbol resolution per version, ABI choice, error checking, context handling, real bytes moved
 through the C calling convention), not the hardware.
 """
 
@@ -15,7 +15,7 @@ import torch
 from hisparse_hal.errors import BackendUnavailableError, DeviceRuntimeError
 from hisparse_hal.regions import Region, RegionTable, SwapBatch
 from hisparse_hal.testing.sim_cuda_driver import CODES, DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
-from hisparse_hal.vendors.cuda.driver import (
+from hisparse_hal.vendors.cuda.runtime import (
     CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
     CudaDriver,
     CUmemcpyAttributes,

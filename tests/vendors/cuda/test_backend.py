@@ -1,7 +1,7 @@
 """``CudaBackend`` end to end on the CPU: the real backend and libcuda binding over the simulated driver.
 
-The simulator (``tests/sim_cuda_driver.py``) stands in for libcuda and moves real host bytes; the
-backend's device is injected as the CPU and torch's stream and capture state are replaced by plain
+The simulator (``hisparse_hal/testing/sim_cuda_driver.py``) stands in for libcuda and moves real host bytes;
+the backend's device is injected as the CPU and torch's stream and capture state are replaced by plain
 attributes. What this proves: swap validation, path choice, chunking at the cap, pinning with
 rollback and dead-context teardown, capture rules. What it cannot prove: anything about a real GPU.
 """
@@ -26,10 +26,10 @@ from hisparse_hal.errors import (
 )
 from hisparse_hal.registry import ProbeResult
 from hisparse_hal.testing.sim_cuda_driver import DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
-from hisparse_hal.vendors.cuda import driver as driver_module
+from hisparse_hal.vendors.cuda import runtime as driver_module
 from hisparse_hal.vendors.cuda.backend import CudaBackend
 from hisparse_hal.vendors.cuda.capabilities import BATCH_CAP_ENV
-from hisparse_hal.vendors.cuda.driver import CudaDriver
+from hisparse_hal.vendors.cuda.runtime import CudaDriver
 
 STREAM = 0x5A00
 GPU = torch.device("cuda", 0)  # label only: simulated device memory is host memory
@@ -229,7 +229,7 @@ def test_pin_registers_in_page_and_block_aligned_chunks_below_the_driver_limit()
 def test_pin_on_a_device_without_host_pointer_access_records_every_chunks_device_alias() -> None:
     backend, sim = make_backend(host_pointer_usable=False)
     assert backend.capabilities.host_pointer_alias is True
-    assert any("CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0" in note for note in backend.capabilities.notes)
+    assert "CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is 0" in backend.capabilities.reasons["host_pointer_alias"]
     backend.host_chunk_bytes = 16 * 1024
     host = torch.zeros(12, 4096, dtype=torch.uint8)
     backend.pin_tensor(host)
@@ -271,7 +271,7 @@ def test_unpin_with_a_lost_context_logs_and_leaves_the_memory(caplog: pytest.Log
     host = torch.zeros(8, 4096, dtype=torch.uint8)
     backend.pin_tensor(host)
     sim.lose_context()
-    with caplog.at_level(logging.WARNING, logger="hisparse_hal.vendors.torch_gpu"):
+    with caplog.at_level(logging.WARNING, logger="hisparse_hal.vendors.gpu.backend"):
         backend.unpin_tensor(host)
     assert "left registered, the device context is gone" in caplog.text and "CUDA_ERROR_DEINITIALIZED" in caplog.text
     assert backend.pinned_registrations() == ()

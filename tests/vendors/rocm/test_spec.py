@@ -1,5 +1,6 @@
-"""The ROCm probe: each way of being unavailable has its own reason; devices come from amdsmi or the
-KFD sysfs topology; the visibility variables are applied as ROCr and the HIP runtime apply them."""
+"""The ROCm probe (``vendors/rocm/spec.py`` over ``amdsmi_inventory``, ``kfd_topology``, ``visible_devices``): each
+way of being unavailable has its own reason; devices come from amdsmi or the KFD sysfs topology; the visibility
+variables are applied as ROCr and the HIP runtime apply them."""
 
 from __future__ import annotations
 
@@ -457,7 +458,7 @@ def _hip_activity_during_probe(monkeypatch, tmp_path, library=found_library) -> 
     import ctypes
 
     from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime
-    from hisparse_hal.vendors.rocm import hip_runtime
+    from hisparse_hal.vendors.rocm import runtime as hip_runtime
 
     simulated = SimulatedHipRuntime("7.2.0")
     opened: list[str] = []
@@ -499,7 +500,7 @@ def test_probe_on_a_rocm_build_opens_and_calls_no_hip_runtime(monkeypatch, tmp_p
 
 def test_hip_activity_count_catches_a_probe_that_asks_the_runtime_its_version(monkeypatch, tmp_path):
     """Planted bug: the library check loads the HIP runtime and calls hipRuntimeGetVersion."""
-    from hisparse_hal.vendors.rocm.hip_runtime import HipRuntime
+    from hisparse_hal.vendors.rocm.runtime import HipRuntime
 
     def find_and_load():
         HipRuntime.load().runtime_version()

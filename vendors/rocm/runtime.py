@@ -21,7 +21,7 @@ from hisparse_hal.errors import (
     InvalidArgumentError,
 )
 from hisparse_hal.regions import SwapBatch
-from hisparse_hal.vendors.torch_gpu import nonempty_descriptors
+from hisparse_hal.vendors.gpu.runtime import SIZE_MAX, descriptor_index, nonempty_descriptors
 
 from .capabilities import MAX_BATCH_DESCRIPTORS
 
@@ -48,7 +48,6 @@ HIP_MEMCPY_DEFAULT = 4  # hipMemcpyDefault: direction inferred from the pointers
 HIP_HOST_REGISTER_PORTABLE = 0x1  # registered for every device of the process
 HIP_HOST_REGISTER_MAPPED = 0x2  # mapped into the device address space: hipHostGetDevicePointer works
 HIP_MEMCPY_SRC_ACCESS_ORDER_STREAM = 0x1  # hipMemcpySrcAccessOrderStream
-SIZE_MAX = (1 << 64) - 1
 #: Codes meaning the runtime or its context is gone: teardown at interpreter exit, or a sticky device
 #: fault after which every call fails (the same policy as the CUDA binding).
 _CONTEXT_LOST = {
@@ -326,9 +325,7 @@ class HipRuntime:
             attrs, attr_index, num_attrs, ctypes.addressof(fail_index), stream,
         )
         if status != HIP_SUCCESS:
-            index = None
-            if fail_index.value < count:
-                index = int(positions[fail_index.value]) if positions is not None else fail_index.value
+            index = descriptor_index(fail_index.value, count, positions)
             detail = f"{count} copies on stream {stream:#x}" + (
                 "" if index is None else f"; the runtime stopped at copy {index}"
             )
@@ -345,7 +342,7 @@ class HipRuntime:
         for i, (d, s, n) in enumerate(zip(dst.tolist(), src.tolist(), sizes.tolist(), strict=True)):
             status = memcpy(d, s, n, HIP_MEMCPY_DEFAULT, stream)
             if status != HIP_SUCCESS:
-                index = int(positions[i]) if positions is not None else i
+                index = descriptor_index(i, len(dst), positions)
                 self._check(
                     "hipMemcpyAsync", status,
                     f"{n} bytes {s:#x} -> {d:#x}; descriptors before {index} were already enqueued", index,
