@@ -110,43 +110,11 @@ def plan_capabilities(
             f"got {driver_version!r}"
         )
     parse_arch(arch)
-    if max_batch_descriptors is None:
-        from_env = batch_cap_from_env()
-        cap, cap_source = (from_env, BATCH_CAP_ENV) if from_env is not None else (DEFAULT_MAX_BATCH, "default")
-    else:
-        if (
-            not isinstance(max_batch_descriptors, int)
-            or isinstance(max_batch_descriptors, bool)
-            or max_batch_descriptors <= 0
-        ):
-            raise InvalidArgumentError(
-                f"max_batch_descriptors must be a positive int, got {max_batch_descriptors!r}"
-            )
-        cap, cap_source = max_batch_descriptors, "argument"
-
+    cap, cap_source = _batch_cap(max_batch_descriptors)
     native = driver_version >= NATIVE_BATCH_MIN_DRIVER
     driver = format_driver_version(driver_version)
     reasons = CapabilityReasons()
-    if native:
-        reasons.add("batch_copy",
-            f"driver {driver} >= 12.8: swaps use cuMemcpyBatchAsync, resolved with cuGetProcAddress at "
-            "the 12.8 ABI because CUDA 13 headers remap the name to a _v2 without failIdx "
-            "(vLLM csrc/cache_kernels.cu)"
-        )
-        reasons.add("copy_attributes",
-            "batch copies read their sources in stream order (CU_MEMCPY_SRC_ACCESS_ORDER_STREAM) so a "
-            "device-to-host copy never reads before the producing kernel ends (vLLM #39306)"
-        )
-        reasons.add("batch_copy",
-            "the legacy default stream and graph captures use the per-copy cuMemcpyAsync loop: the batch "
-            "call rejects stream 0 (vLLM cache_kernels.cu; cudf #20800) and has no graph-node form "
-            "(cuda-python cuda.core.utils.copy_batch)"
-        )
-    else:
-        reasons.add("batch_copy",
-            f"driver {driver} < 12.8 has no cuMemcpyBatchAsync: swaps use a per-copy cuMemcpyAsync loop "
-            "(vLLM #38460)"
-        )
+    _explain_copy_path(native, driver, reasons)
     reasons.add("max_batch_descriptors",
         f"at most {cap} descriptors per batch call ({cap_source}); a CUDA 13.0 driver crashed at 51,828 "
         f"(vLLM #49276); set {BATCH_CAP_ENV} to change it"
@@ -174,4 +142,43 @@ def plan_capabilities(
         copy_attributes=native,
         batch_copy_accelerated=native,
         reasons=reasons,
+    )
+
+
+def _batch_cap(max_batch_descriptors: int | None) -> tuple[int, str]:
+    """The per-call descriptor cap and where it came from (``"argument"``, the environment variable, ``"default"``).
+
+    Raises:
+        InvalidArgumentError: a cap that is not a positive int (argument or environment variable).
+    """
+    if max_batch_descriptors is None:
+        from_env = batch_cap_from_env()
+        return (from_env, BATCH_CAP_ENV) if from_env is not None else (DEFAULT_MAX_BATCH, "default")
+    if not isinstance(max_batch_descriptors, int) or isinstance(max_batch_descriptors, bool) \
+            or max_batch_descriptors <= 0:
+        raise InvalidArgumentError(f"max_batch_descriptors must be a positive int, got {max_batch_descriptors!r}")
+    return max_batch_descriptors, "argument"
+
+
+def _explain_copy_path(native: bool, driver: str, reasons: CapabilityReasons) -> None:
+    """Why swaps use ``cuMemcpyBatchAsync`` (driver 12.8 and later) or the per-copy loop."""
+    if not native:
+        reasons.add("batch_copy",
+            f"driver {driver} < 12.8 has no cuMemcpyBatchAsync: swaps use a per-copy cuMemcpyAsync loop "
+            "(vLLM #38460)"
+        )
+        return
+    reasons.add("batch_copy",
+        f"driver {driver} >= 12.8: swaps use cuMemcpyBatchAsync, resolved with cuGetProcAddress at "
+        "the 12.8 ABI because CUDA 13 headers remap the name to a _v2 without failIdx "
+        "(vLLM csrc/cache_kernels.cu)"
+    )
+    reasons.add("copy_attributes",
+        "batch copies read their sources in stream order (CU_MEMCPY_SRC_ACCESS_ORDER_STREAM) so a "
+        "device-to-host copy never reads before the producing kernel ends (vLLM #39306)"
+    )
+    reasons.add("batch_copy",
+        "the legacy default stream and graph captures use the per-copy cuMemcpyAsync loop: the batch "
+        "call rejects stream 0 (vLLM cache_kernels.cu; cudf #20800) and has no graph-node form "
+        "(cuda-python cuda.core.utils.copy_batch)"
     )

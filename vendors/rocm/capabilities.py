@@ -191,7 +191,34 @@ def plan_capabilities(runtime_version: int, arch: str, *, batch_symbol: bool = T
         )
     facts = arch_facts(gfx)
     reasons = CapabilityReasons()
+    batch_copy, copy_attributes, accelerated = _plan_copy_path(version, facts, batch_symbol, reasons)
+    ipc_max_cycles = _plan_ipc_events(version, reasons)
+    graph_capture = _plan_graph_capture(version, reasons)
+    kv_formats = _plan_kv_formats(gfx, facts, reasons)
+    # Registered host memory can have a device address other than its host address (MI355X, ROCm
+    # 7.2; SGLang #33968, #35233, #36966): every registration records hipHostGetDevicePointer's alias.
+    reasons.add("host_pointer_alias",
+                "registered host memory gets a device alias from hipHostGetDevicePointer (SGLang #35233)")
+    return Capabilities(
+        batch_copy=batch_copy,
+        max_batch_descriptors=MAX_BATCH_DESCRIPTORS,
+        ipc_events=True,
+        ipc_event_max_cycles=ipc_max_cycles,
+        shared_host_pool=ipc_max_cycles is None,
+        graph_capture=graph_capture,
+        host_pointer_alias=True,
+        kv_formats=kv_formats,
+        versions=_versions(version, gfx, facts),
+        copy_attributes=copy_attributes,
+        batch_copy_accelerated=accelerated,
+        reasons=reasons,
+    )
 
+
+def _plan_copy_path(version: HipVersion, facts: ArchFacts | None, batch_symbol: bool,
+                    reasons: CapabilityReasons) -> tuple[Literal["native", "loop"], bool, bool]:
+    """``(batch_copy, copy_attributes, batch_copy_accelerated)``: one ``hipMemcpyBatchAsync`` per chunk from HIP
+    7.1 where the library exports it and the architecture is safe, attributes from 7.13, DMA batching from 7.14."""
     batch_copy: Literal["native", "loop"] = "native"
     if version < _BATCH_FROM:
         batch_copy = "loop"
@@ -204,62 +231,69 @@ def plan_capabilities(runtime_version: int, arch: str, *, batch_symbol: bool = T
     elif facts is not None and not facts.batch_copy_safe:
         batch_copy = "loop"
         reasons.add("batch_copy", facts.note)
-
-    copy_attributes = batch_copy == "native" and version >= _ATTRIBUTES_FROM
-    if batch_copy == "native" and not copy_attributes:
+    if batch_copy == "loop":
+        return batch_copy, False, False
+    copy_attributes = version >= _ATTRIBUTES_FROM
+    if not copy_attributes:
         reasons.add("copy_attributes",
             f"HIP {version}: batch calls carry no copy attributes before 7.13; 7.2.1-7.2.3 return "
             "hipErrorNotSupported (801) for numAttrs > 0 (ROCm/clr #273; vLLM #43018)"
         )
-    accelerated = batch_copy == "native" and version >= _ACCELERATED_FROM
-    if batch_copy == "native" and not accelerated:
+    accelerated = version >= _ACCELERATED_FROM
+    if not accelerated:
         # Still one call: it saves a Python-to-C crossing per copy, which the hipMemcpyAsync loop pays
         # (2.1x faster at 4-8 KiB copies on MI300X, vLLM #40549); no DMA batching is claimed.
         reasons.add("batch_copy_accelerated",
             f"HIP {version}: hipMemcpyBatchAsync loops per copy inside the runtime before 7.14 (ROCm/clr "
             "#273); it is still called once per chunk to save per-copy host calls (vLLM #40549)"
         )
-    if batch_copy == "native":
-        reasons.add("max_batch_descriptors",
-            f"at most {MAX_BATCH_DESCRIPTORS} descriptors per hipMemcpyBatchAsync call; more fault the "
-            "GPU (vLLM #43018; rocm-systems #9915)"
-        )
+    reasons.add("max_batch_descriptors",
+        f"at most {MAX_BATCH_DESCRIPTORS} descriptors per hipMemcpyBatchAsync call; more fault the "
+        "GPU (vLLM #43018; rocm-systems #9915)"
+    )
+    return batch_copy, copy_attributes, accelerated
 
-    ipc_max_cycles: int | None = None
-    shared_host_pool = True
-    if (version.major, version.minor) == (7, 2):
-        ipc_max_cycles = IPC_EVENT_RING_SLOTS
-        shared_host_pool = False
-        reasons.add("ipc_event_max_cycles",
-            f"HIP {version}: IPC events break after {IPC_EVENT_RING_SLOTS} record/wait cycles (vLLM #57602; "
-            "rocm-systems #11511); events refuse the 33rd cycle"
-        )
-        reasons.add("shared_host_pool",
-            f"HIP {version}: IPC events break after {IPC_EVENT_RING_SLOTS} record/wait cycles, so ranks cannot "
-            "synchronize on one shared host pool (vLLM #57602)"
-        )
 
-    graph_capture = version >= _CAPTURE_FROM
-    if not graph_capture:
-        reasons.add("graph_capture",
-            f"HIP {version}: graph capture needs ROCm 7.2.1 (HIP 7.2.53211) or later; before it another "
-            "thread's hipEventQuery invalidates a capture (SGLang #23580)"
-        )
+def _plan_ipc_events(version: HipVersion, reasons: CapabilityReasons) -> int | None:
+    """The IPC events' record/wait cycle limit (None: unbounded); a limit also rules out a shared host pool."""
+    if (version.major, version.minor) != (7, 2):
+        return None
+    reasons.add("ipc_event_max_cycles",
+        f"HIP {version}: IPC events break after {IPC_EVENT_RING_SLOTS} record/wait cycles (vLLM #57602; "
+        "rocm-systems #11511); events refuse the 33rd cycle"
+    )
+    reasons.add("shared_host_pool",
+        f"HIP {version}: IPC events break after {IPC_EVENT_RING_SLOTS} record/wait cycles, so ranks cannot "
+        "synchronize on one shared host pool (vLLM #57602)"
+    )
+    return IPC_EVENT_RING_SLOTS
 
-    kv_formats = {"bf16"}
+
+def _plan_graph_capture(version: HipVersion, reasons: CapabilityReasons) -> bool:
+    """Graph capture from ROCm 7.2.1 (HIP 7.2.53211)."""
+    if version >= _CAPTURE_FROM:
+        return True
+    reasons.add("graph_capture",
+        f"HIP {version}: graph capture needs ROCm 7.2.1 (HIP 7.2.53211) or later; before it another "
+        "thread's hipEventQuery invalidates a capture (SGLang #23580)"
+    )
+    return False
+
+
+def _plan_kv_formats(gfx: GfxArch, facts: ArchFacts | None, reasons: CapabilityReasons) -> frozenset[str]:
+    """bf16 everywhere; the architecture's own fp8 flavour where the table knows it (quirk 16)."""
     if facts is None:
         reasons.add("kv_formats",
             f"{gfx.base} is not in this backend's architecture table: bf16 KV only, since its fp8 flavour "
             "(fnuz or OCP) is unknown and the wrong one corrupts values (vLLM #45563)"
         )
-    elif facts.fp8_format is not None:
-        kv_formats.add(facts.fp8_format)
-    # Registered host memory can have a device address other than its host address (MI355X, ROCm
-    # 7.2; SGLang #33968, #35233, #36966): every registration records hipHostGetDevicePointer's alias.
-    reasons.add("host_pointer_alias",
-                "registered host memory gets a device alias from hipHostGetDevicePointer (SGLang #35233)")
+        return frozenset({"bf16"})
+    return frozenset({"bf16"} | ({facts.fp8_format} if facts.fp8_format is not None else set()))
 
-    versions = {
+
+def _versions(version: HipVersion, gfx: GfxArch, facts: ArchFacts | None) -> dict[str, str]:
+    """What the plan was made from, for reports: the HIP version, the architecture and its facts."""
+    return {
         "hip_runtime": str(version),
         "hip_runtime_int": str(version.as_int()),
         "arch": gfx.full,
@@ -272,17 +306,3 @@ def plan_capabilities(runtime_version: int, arch: str, *, batch_symbol: bool = T
         "wavefront_size": str(facts.wavefront_size) if facts and facts.wavefront_size else "unknown",
         "fp8_kv_format": (facts.fp8_format or "none") if facts else "unknown",
     }
-    return Capabilities(
-        batch_copy=batch_copy,
-        max_batch_descriptors=MAX_BATCH_DESCRIPTORS,
-        ipc_events=True,
-        ipc_event_max_cycles=ipc_max_cycles,
-        shared_host_pool=shared_host_pool,
-        graph_capture=graph_capture,
-        host_pointer_alias=True,
-        kv_formats=frozenset(kv_formats),
-        versions=versions,
-        copy_attributes=copy_attributes,
-        batch_copy_accelerated=accelerated,
-        reasons=reasons,
-    )
