@@ -176,49 +176,13 @@ def run_scenario(config: ScenarioConfig, on_progress: Callable[[int], None] | No
     received: dict[int, dict[str, Any] | None] = {}
     started = time.monotonic()
     control_map: mmap.mmap | None = None
-    control: torch.Tensor | None = None
     pool_path = SharedPool.create(config.ranks, config.pool_blocks, config.block_bytes)
     interrupted = False
     try:
-        fd = os.open(pool_path, os.O_RDWR)
-        try:
-            control_map = mmap.mmap(fd, CONTROL_BYTES)  # read only here; writable so torch maps it without a warning
-        finally:
-            os.close(fd)
-        control = torch.frombuffer(control_map, dtype=torch.int64)
-        context = torch.multiprocessing.get_context("spawn")
-        port = _free_port()
-        for rank in range(config.ranks):
-            parent_end, child_end = context.Pipe(duplex=False)
-            process = context.Process(target=rank_main, args=(rank, config, pool_path, port, child_end),
-                                      name=f"hisparse-scenario-rank{rank}", daemon=True)
-            with _terminal_interrupts_blocked():
-                process.start()  # the rank inherits the mask: a Ctrl-C reaches the driver, which stops the ranks
-            child_end.close()
-            processes.append(process)
-            conns.append(parent_end)
-        published, last_change = -1, time.monotonic()
-        while len(received) < config.ranks:
-            for rank, conn in enumerate(conns):
-                if rank in received:
-                    continue
-                try:
-                    if conn.poll(0.05 / config.ranks):
-                        received[rank] = conn.recv()
-                except (EOFError, OSError):
-                    received[rank] = None  # its end closed without an outcome (killed)
-            now_published = int(control[PUBLISHED])
-            now = time.monotonic()
-            if now_published != published:
-                published, last_change = now_published, now
-                if on_progress is not None:
-                    on_progress(published + 1)
-            if now - last_change > stall_s and now - started > STARTUP_GRACE_S:
-                for rank, process in enumerate(processes):
-                    if rank not in received:
-                        log.error("rank %d made no progress for %.0f s; killing it", rank, now - last_change)
-                        process.kill()
-                last_change = now
+        control_map = _map_control(pool_path)
+        _start_ranks(config, pool_path, processes, conns)
+        _collect_outcomes(config, conns, processes, torch.frombuffer(control_map, dtype=torch.int64), received,
+                          on_progress, stall_s, started)
     except BaseException:
         interrupted = True  # an interrupt (KeyboardInterrupt) or an error of the driver's own: stop the ranks now
         raise
@@ -226,22 +190,78 @@ def run_scenario(config: ScenarioConfig, on_progress: Callable[[int], None] | No
         # First, so that a second interrupt while the ranks are being stopped cannot leave the file behind.
         if SharedPool.unlink(pool_path):
             log.info("removed the shared pool %s (no rank got far enough to remove it)", pool_path)
-        if interrupted:  # the ranks' pins and locks end with them; the pool's file is gone, event files are swept
-            for process in processes:
-                if process.is_alive() and process.pid is not None:
-                    with contextlib.suppress(OSError):
-                        os.kill(process.pid, signal.SIGTERM)
-        for process in processes:
-            process.join(3 if interrupted else 10)
-            if process.is_alive():
-                process.kill()
-                process.join(10)
-        for conn in conns:
-            conn.close()
-        del control
+        _stop_ranks(processes, conns, interrupted)
         if control_map is not None:
             with contextlib.suppress(BufferError):
                 control_map.close()
     wall = time.monotonic() - started
     outcomes = tuple(_outcome(rank, processes[rank], received.get(rank)) for rank in range(config.ranks))
     return ScenarioResult(config, outcomes, wall, pool_path)
+
+
+def _map_control(pool_path: str) -> mmap.mmap:
+    """The pool's control words (rank 0's published step), mapped for reading."""
+    fd = os.open(pool_path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, CONTROL_BYTES)  # read only here; writable so torch maps it without a warning
+    finally:
+        os.close(fd)
+
+
+def _start_ranks(config: ScenarioConfig, pool_path: str, processes: list[Any], conns: list[Any]) -> None:
+    """Spawn the ranks, appending each process and its pipe as it starts (so an interrupt midway stops those)."""
+    context = torch.multiprocessing.get_context("spawn")
+    port = _free_port()
+    for rank in range(config.ranks):
+        parent_end, child_end = context.Pipe(duplex=False)
+        process = context.Process(target=rank_main, args=(rank, config, pool_path, port, child_end),
+                                  name=f"hisparse-scenario-rank{rank}", daemon=True)
+        with _terminal_interrupts_blocked():
+            process.start()  # the rank inherits the mask: a Ctrl-C reaches the driver, which stops the ranks
+        child_end.close()
+        processes.append(process)
+        conns.append(parent_end)
+
+
+def _collect_outcomes(config: ScenarioConfig, conns: list[Any], processes: list[Any], control: torch.Tensor,
+                      received: dict[int, dict[str, Any] | None], on_progress: Callable[[int], None] | None,
+                      stall_s: float, started: float) -> None:
+    """Wait for every rank's outcome into ``received``, reporting progress; kill ranks that stall past ``stall_s``."""
+    published, last_change = -1, time.monotonic()
+    while len(received) < config.ranks:
+        for rank, conn in enumerate(conns):
+            if rank in received:
+                continue
+            try:
+                if conn.poll(0.05 / config.ranks):
+                    received[rank] = conn.recv()
+            except (EOFError, OSError):
+                received[rank] = None  # its end closed without an outcome (killed)
+        now_published = int(control[PUBLISHED])
+        now = time.monotonic()
+        if now_published != published:
+            published, last_change = now_published, now
+            if on_progress is not None:
+                on_progress(published + 1)
+        if now - last_change > stall_s and now - started > STARTUP_GRACE_S:
+            for rank, process in enumerate(processes):
+                if rank not in received:
+                    log.error("rank %d made no progress for %.0f s; killing it", rank, now - last_change)
+                    process.kill()
+            last_change = now
+
+
+def _stop_ranks(processes: list[Any], conns: list[Any], interrupted: bool) -> None:
+    """Join the ranks (after SIGTERM when interrupted: their pins and locks end with them), killing stragglers."""
+    if interrupted:
+        for process in processes:
+            if process.is_alive() and process.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(process.pid, signal.SIGTERM)
+    for process in processes:
+        process.join(3 if interrupted else 10)
+        if process.is_alive():
+            process.kill()
+            process.join(10)
+    for conn in conns:
+        conn.close()

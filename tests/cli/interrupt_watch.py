@@ -78,9 +78,13 @@ class Interrupted:
 
 
 def interrupt(args: list[str], delay_s: float, signum: int = signal.SIGINT, *, to_group: bool = False,
-              cwd: Path | None = None, timeout: float = 300, extra_env: dict[str, str] | None = None) -> Interrupted:
+              cwd: Path | None = None, timeout: float = 300, extra_env: dict[str, str] | None = None,
+              after_processes: int = 0) -> Interrupted:
     """Run ``hisparse-hal ARGS``, send ``signum`` after ``delay_s`` (to the command, or to its whole process
-    group as a terminal's Ctrl-C does), wait for it, and collect what survived."""
+    group as a terminal's Ctrl-C does), wait for it, and collect what survived.
+
+    ``after_processes``: start counting ``delay_s`` only once the run has that many processes (the command is
+    one), so the moment is the same on a loaded machine, where start-up alone may take seconds."""
     marker = uuid.uuid4().hex
     before = {p.name for p in SHM.glob("hisparse-hal-*")}
     env = {k: v for k, v in os.environ.items() if not k.startswith("HISPARSE_HAL_")}
@@ -101,6 +105,9 @@ def interrupt(args: list[str], delay_s: float, signum: int = signal.SIGINT, *, t
     child = subprocess.Popen([script(), *args], env=env, cwd=cwd, stdout=out, stderr=err, text=True,
                              start_new_session=True)
     signalled = False
+    deadline = time.monotonic() + timeout
+    while len(seen) < after_processes and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     try:
         child.wait(timeout=delay_s)
     except subprocess.TimeoutExpired:

@@ -65,10 +65,11 @@ def test_sigterm_under_two_workers_leaves_nothing_and_no_warnings_after_exit(tmp
     assert run.stderr.strip().splitlines()[-1].startswith("hisparse-hal conformance: interrupted (SIGTERM)")
 
 
-@pytest.mark.parametrize("delay_s,signum", [(2.0, signal.SIGINT), (7.0, signal.SIGTERM), (10.0, signal.SIGINT)])
+@pytest.mark.parametrize("delay_s,signum", [(0.5, signal.SIGINT), (5.0, signal.SIGTERM), (8.0, signal.SIGINT)])
 def test_scenario_interrupted_at_several_moments(delay_s, signum):
+    # Timed from the first rank's start (the command and one rank: two processes), not from the command's.
     run = interrupt(["scenario", "--backend", "cpu", "--ranks", "3", "--steps", "100000"], delay_s=delay_s,
-                    signum=signum, to_group=signum == signal.SIGINT)
+                    signum=signum, to_group=signum == signal.SIGINT, after_processes=2)
     assert run.returncode == 130, run.stderr[-3000:]
     _check_interrupted(run, None)
     assert run.stderr.strip().splitlines()[-1] == (
