@@ -1,7 +1,7 @@
 """Choosing the cache-ops implementation by capability, and the backends' CacheOps bound to it.
 
-The GPU backends here run over the SIMULATED vendor libraries on the CPU (tests/sim_cuda_driver.py,
-tests/sim_hip_runtime.py): they prove the wiring (capability, registration alias, view), not a GPU.
+The GPU backends here run over the SIMULATED vendor libraries on the CPU (hisparse_hal/testing/sim_cuda_driver.py,
+hisparse_hal/testing/sim_hip_runtime.py): they prove the wiring (capability, registration alias, view), not a GPU.
 """
 
 from __future__ import annotations

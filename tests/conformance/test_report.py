@@ -11,7 +11,7 @@ from pathlib import Path
 from hisparse_hal.conformance.junit import render_junit
 from hisparse_hal.conformance.report import mark_incomplete, overall_verdict, render_summary, write_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _doc(full_suite: bool = True, **extra: object) -> dict:

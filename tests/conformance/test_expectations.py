@@ -19,7 +19,7 @@ from hisparse_hal.conformance.report import ResultCollector, area_of, build_resu
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _merge_module():
