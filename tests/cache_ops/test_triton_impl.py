@@ -23,8 +23,6 @@ _NEED = "the Triton cache-ops tests need triton and numpy (pip install -e '.[tri
 triton = pytest.importorskip("triton", reason=_NEED)
 pytest.importorskip("numpy", reason=_NEED)  # triton's interpreter needs numpy
 
-from tests.cache_ops.test_oracle import *  # noqa: E402,F403 - the worked examples, run here through Triton
-from tests.cache_ops.test_oracle import decode_world  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 from hisparse_hal.cache_ops import arguments, oracle, triton_impl  # noqa: E402
@@ -37,6 +35,8 @@ from hisparse_hal.cache_ops.sequences import (  # noqa: E402
     run_sequence,
 )
 from hisparse_hal.errors import UnsupportedCapabilityError  # noqa: E402
+from tests.cache_ops.test_oracle import *  # noqa: E402,F403 - the worked examples, run here through Triton
+from tests.cache_ops.test_oracle import decode_world  # noqa: E402
 
 POISON = -7
 I32 = torch.int32
