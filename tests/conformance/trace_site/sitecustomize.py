@@ -2,7 +2,8 @@
 
 Active only when ``CONFORMANCE_TRACE_FILE`` names a file (not ``HISPARSE_HAL_*``: the harness reports those)
 and this folder is on ``PYTHONPATH`` (every process of a run inherits both): it wraps ``probing.discover_specs``,
-``probing.run_probe`` and the CPU device's ``probe_page_lock`` as their modules load, and appends ``<pid> <event>`` lines to the file.
+``probing.run_probe`` and the CPU device's ``probe_page_lock`` as their modules load, and appends
+``<pid> <event>`` lines to the file.
 """
 
 from __future__ import annotations
