@@ -80,7 +80,7 @@ def test_a_pool_left_by_a_killed_run_is_removed_by_the_next_run(tmp_path):
     import subprocess
     import sys
 
-    from interrupt_watch import SHM, script
+    from tests.cli.interrupt_watch import SHM, script
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = SHM / f"hisparse-hal-pool-{int(dead.stdout)}-{'f' * 32}"

@@ -15,9 +15,9 @@ from typing import Any, cast
 
 import pytest
 import torch
-from tests.with_vllm.test_vllm_backend_contract import vllm_config
 
 from tests.with_vllm.cpu_standins import install
+from tests.with_vllm.test_vllm_backend_contract import vllm_config
 from tests.with_vllm.vllm_env import loaded_plugin, require_vllm
 
 require_vllm()
