@@ -71,7 +71,7 @@ step bench "${GPU_CHECK_BENCH_S:-240}" hisparse-hal bench --backend "$backend" -
 # The cache ops on the device (Triton where installed, else torch) against the oracle at 64 requests, then the
 # gather-id check's sync rule under torch.cuda.set_sync_debug_mode("error") (skipped without a GPU).
 step cache-ops-bench "${GPU_CHECK_CACHE_OPS_S:-240}" hisparse-hal bench --cache-ops --backend "$backend" --requests 64 --json "$outdir/cache-ops-bench.json"
-step no-sync "${GPU_CHECK_NO_SYNC_S:-120}" "$python" -m pytest -q -p no:cacheprovider tests/vendors/gpu/test_gather_on_device.py tests/test_cache_ops_torch.py -k "sync"
+step no-sync "${GPU_CHECK_NO_SYNC_S:-120}" "$python" -m pytest -q -p no:cacheprovider tests/vendors/gpu/test_gather_on_device.py tests/cache_ops/test_torch_impl.py -k "sync"
 # The Triton kernels as this device's triton compiles them (runtime warm-up, production shapes), against the
 # offline compile for the device's target (docs/kernels.md): shared memory, registers and spills must agree.
 step kernels-vs-device "${GPU_CHECK_KERNELS_S:-300}" \

@@ -24,7 +24,7 @@ from hisparse_hal.errors import HalError
 from . import SUITE_VERSION
 from .expectations import Expectations, backend_architectures, load_expectations
 from .junit import CAPABILITY_SKIP_PREFIX, PROBE_GATE_SKIP_PREFIX
-from .recipe import BackendRecipe, vendor_expectations_path
+from .recipe import BackendRecipe
 from .report import (
     AREAS,
     ResultCollector,
@@ -35,6 +35,7 @@ from .report import (
     suite_test_id,
     write_report,
 )
+from .resolved_run import ResolvedRun
 
 pytest_plugins = ("hisparse_hal.conformance.fixtures",)
 
@@ -79,17 +80,21 @@ class Selection:
 
 
 class ConformanceState:
-    """Per-process state of a conformance run."""
+    """Per-process state of a conformance run: the resolved run (read from ``--hal-run``, handed down by the
+    xdist controller, or resolved here once) and the backend, built once, in ``pytest_configure``."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.recipe = BackendRecipe.resolve(config.getoption("hal_backend"), config.getoption("hal_factory"))
+        self.run = _resolved_run(config)
+        self.recipe: BackendRecipe = self.run.recipe
         self.strict = bool(config.getoption("hal_strict"))
         self.report_dir = config.getoption("hal_report")
         self._backend: Any = None
         self._backend_error: BaseException | None = None
         self.backend_facts: dict[str, Any] = {}
-        self.expectations_path = self._expectations_path(config.getoption("hal_expectations"))
+        if self.run.expectations_pending:  # a factory function: its class is known once it has built the backend
+            self.run = self.run.with_expectations_of(self.backend())
+        self.expectations_path = self.run.expectations
         self.expectations = load_expectations(self.expectations_path) if self.expectations_path else Expectations()
         self.unmatched: list[str] = []
         self.probe_failures: list[str] = []
@@ -111,22 +116,11 @@ class ConformanceState:
                 t["id"] for t in earlier["tests"] if t["area"] == "probe" and t["outcome"] in ("failed", "xpassed")
             ]
 
-    def _expectations_path(self, given: str | None) -> str | None:
-        if given:
-            if given.lower() == "none":
-                return None
-            return given
-        klass = self.recipe.backend_class()
-        if klass is None:  # a factory: the class is known only once built
-            klass = type(self.backend())
-        found = vendor_expectations_path(klass)
-        return str(found) if found else None
-
     def backend(self) -> Any:
-        """The backend under test, built once per process."""
+        """The backend under test, built once per process (on the first call, from ``pytest_configure``)."""
         if self._backend is None and self._backend_error is None:
             try:
-                self._backend = self.recipe.build()
+                self._backend = self.run.build()
                 self.backend_facts = backend_facts(self._backend)
             except BaseException as exc:  # re-raised by every test that needs the backend
                 self._backend_error = exc
@@ -139,19 +133,19 @@ class ConformanceState:
             backend = self.backend()
         except BaseException:  # noqa: BLE001 - reported by the tests themselves
             return ()
-        return backend_architectures(backend.capabilities.versions, probe_facts(self.recipe))
+        return backend_architectures(backend.capabilities.versions, self.run.probe_facts())
 
 
-def probe_facts(recipe: BackendRecipe) -> dict[str, Any]:
-    """The probe's facts for a registry backend (empty for a factory)."""
-    if recipe.registry_name is None:
-        return {}
-    from hisparse_hal.registry import probe_backends
-
-    for result in probe_backends():
-        if result.name == recipe.registry_name:
-            return dict(result.facts)
-    return {}
+def _resolved_run(config: pytest.Config) -> ResolvedRun:
+    """The run's resolution: ``--hal-run`` (the runner's), the xdist controller's, or resolved here once."""
+    given = config.getoption("hal_run")
+    if given:
+        return ResolvedRun.read(given)
+    inherited = getattr(config, "workerinput", {}).get("hal_run")
+    if inherited:
+        return ResolvedRun.from_json(inherited)
+    return ResolvedRun.resolve(config.getoption("hal_backend"), config.getoption("hal_factory"),
+                               config.getoption("hal_expectations"))
 
 
 def backend_facts(backend: Any) -> dict[str, Any]:
@@ -166,13 +160,13 @@ def backend_facts(backend: Any) -> dict[str, Any]:
     }
 
 
-def environment_facts(recipe: BackendRecipe) -> dict[str, Any]:
-    """Facts that make a run reproducible without constructing the backend."""
+def environment_facts(run: ResolvedRun) -> dict[str, Any]:
+    """Facts that make a run reproducible without constructing the backend (from what the run resolved)."""
     import torch
 
-    facts = probe_facts(recipe)
+    facts = run.probe_facts()
     return {
-        "recipe": recipe.describe(),
+        "recipe": run.recipe.describe(),
         "probe": {k: v for k, v in facts.items()},
         "torch": torch.__version__,
         "torch_cuda": getattr(torch.version, "cuda", None),
@@ -211,6 +205,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--hal-deferred-interrupts", action="store_true", default=False,
                     help="(set by the runner, which starts pytest with SIGINT blocked) take SIGINT only between "
                     "the end of collection and the session's end")
+    group.addoption("--hal-run", default=None, metavar="RUN_JSON",
+                    help="(set by the runner) the run it resolved: recipe, expectations file and probe results; "
+                    "without it this process resolves them itself")
     group.addoption("--hal-resume", default=None, metavar="RESULTS_JSON",
                     help="(used by the runner after a crash) keep these results and run only the tests they lack")
 
@@ -229,6 +226,11 @@ def pytest_configure(config: pytest.Config) -> None:
         ) from exc
     config.stash[STATE_KEY] = state
     config.pluginmanager.register(RunHooks(state), "hisparse-hal-conformance-run")
+    if not (config.getoption("numprocesses", None) and not _is_worker(config)):  # the xdist controller runs no test
+        try:
+            state.backend()  # built once, here; a failure is reported by the header and by every test that needs it
+        except BaseException:  # noqa: BLE001 - kept by the state, re-raised where the backend is used
+            pass
 
 
 # The runner starts pytest with SIGINT blocked: an interrupt while modules import (pytest's plugins, the test
@@ -266,10 +268,10 @@ def _is_worker(config: pytest.Config) -> bool:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     import torch
 
-    from hisparse_hal.registry import format_probe_table, probe_backends
+    from hisparse_hal.registry import format_probe_table
 
     state = state_of(config)
-    results = probe_backends()
+    results = state.run.probe_results()
     lines = [
         f"hisparse-hal conformance suite {SUITE_VERSION}; backend under test: {state.recipe.describe()}",
         f"expectations: {state.expectations_path or 'none'} ({len(state.expectations.entries)} entries)"
@@ -424,6 +426,7 @@ class RunHooks:
         if state.gate_file is None:
             state.gate_file = os.path.join(tempfile.mkdtemp(prefix="hisparse-gate-"), "probe-tier.json")
         node.workerinput["hal_gate_file"] = state.gate_file
+        node.workerinput["hal_run"] = state.run.to_json()  # the workers resolve nothing again
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
@@ -452,7 +455,7 @@ class RunHooks:
 def _document(state: ConformanceState, running: str | None = None,
               incomplete: dict[str, Any] | None = None) -> dict[str, Any]:
     if state.environment is None:
-        state.environment = environment_facts(state.recipe)  # probes once, not once per test
+        state.environment = environment_facts(state.run)
     facts = dict(state.environment)
     facts.update(state.backend_facts)
     facts["architectures"] = sorted(

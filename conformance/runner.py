@@ -24,8 +24,8 @@ from hisparse_hal.output_checks import writable_directory, writable_file
 from hisparse_hal.python_child import python_command, python_environment
 
 from .junit import write_junit
-from .recipe import BackendRecipe, load_factory, vendor_expectations_path
 from .report import OUTCOMES, area_of, mark_incomplete, write_report
+from .resolved_run import ResolvedRun
 
 __all__ = ["add_arguments", "run", "pytest_arguments", "complete_crashed_report"]
 
@@ -71,25 +71,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _default_expectations(recipe: BackendRecipe) -> str | None:
-    klass = recipe.backend_class()
-    if klass is None and recipe.factory is not None:
-        target = load_factory(recipe.factory)
-        klass = target if isinstance(target, type) else None
-    if klass is None:
-        return None  # a factory function: the plugin finds the file once it has built the backend
-    found = vendor_expectations_path(klass)
-    return str(found) if found else "none"
+def pytest_arguments(args: argparse.Namespace, run: ResolvedRun) -> list[str]:
+    """The pytest command line (without the program name) for these runner arguments and the resolved run.
 
-
-def pytest_arguments(args: argparse.Namespace, recipe: BackendRecipe) -> list[str]:
-    """The pytest command line (without the program name) for these runner arguments."""
+    It names the backend and the expectations file, so it reproduces the run by hand; the runner adds
+    ``--hal-run run.json`` so that its child reads them (and the probe results) instead of resolving again.
+    """
+    recipe = run.recipe
     argv = ["-p", PLUGIN, "-c", str(SETTINGS), "--rootdir", str(Path(__file__).parent), "-p", "no:cacheprovider",
             "--pyargs", TESTS, "-rfE"]
     argv += ["--hal-factory", recipe.factory] if recipe.factory else ["--hal-backend", str(recipe.registry_name)]
-    expectations = args.expectations or _default_expectations(recipe)
-    if expectations:
-        argv += ["--hal-expectations", expectations]
+    if not run.expectations_pending:
+        argv += ["--hal-expectations", run.expectations or "none"]
     if args.report:
         argv += ["--hal-report", str(args.report)]
     if args.strict:
@@ -140,22 +133,22 @@ def run(args: argparse.Namespace) -> int:
         require_module("xdist", "test", "conformance -n")
     check_outputs(args)
     try:
-        recipe = BackendRecipe.resolve(args.backend, args.factory)
-        if recipe.factory:
-            load_factory(recipe.factory)  # fail now, clearly, on a typo
-        argv = pytest_arguments(args, recipe)
+        resolved = ResolvedRun.resolve(args.backend, args.factory, args.expectations)  # probes, once per run
+        argv = pytest_arguments(args, resolved)
     except BackendUnavailableError as exc:
         print(f"hisparse-hal conformance: {exc}", file=sys.stderr)
         return 2
     for path in sweep_shared_files():
         print(f"hisparse-hal conformance: removed {path}, left in shared memory by a run that was killed",
               file=sys.stderr)
-    print(f"hisparse-hal conformance: testing {recipe.describe()}", file=sys.stderr)
+    print(f"hisparse-hal conformance: testing {resolved.recipe.describe()}", file=sys.stderr)
     print("  python -P -m pytest " + shlex.join(argv), file=sys.stderr)
     directory = Path(args.report) if args.report else Path(tempfile.mkdtemp(prefix="hisparse-conformance-"))
     if not args.report:
         argv = [*argv, "--hal-report", str(directory)]
-    code, interrupted_by = _run_until_done(argv, directory)
+    with tempfile.TemporaryDirectory(prefix="hisparse-conformance-run-") as scratch:
+        run_file = resolved.write(Path(scratch) / "run.json")
+        code, interrupted_by = _run_until_done([*argv, "--hal-run", str(run_file)], directory)
     for path in sweep_shared_files():  # what a test process ended by force left behind
         print(f"hisparse-hal conformance: removed {path}, left in shared memory by an ended test process",
               file=sys.stderr)

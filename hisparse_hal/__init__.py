@@ -10,7 +10,8 @@ from __future__ import annotations
 # Defines torch.ops.hisparse_hal.* (vLLM's four HiSparse cache ops) at import. Not deferred: it adds about
 # 20 ms to the package's ~850 ms import, almost all of which is torch (python -X importtime, CPU torch 2.13).
 from . import cache_ops
-from .backend import CacheOps, HiSparseBackend
+from .backend import HiSparseBackend
+from .cache_ops.bound import CacheOps
 from .capabilities import KV_FORMATS, Capabilities
 from .errors import (
     BackendUnavailableError,

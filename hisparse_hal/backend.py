@@ -10,7 +10,6 @@ members; a member it does not implement raises ``UnsupportedCapabilityError`` na
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -32,153 +31,14 @@ from .host_registration import (
 from .kv_cache import KV_FORMAT_SPECS, build_views, validate_config
 from .kv_placements import device_slabs, is_placement_config, validate_placements
 from .regions import Region, RegionTable, SwapBatch
-from .stats import new_stats_counter
 
 if TYPE_CHECKING:
+    from .cache_ops.bound import CacheOps
     from .probing import ProbeResult
 
-__all__ = ["HiSparseBackend", "CacheOps", "DeviceViews"]
+__all__ = ["HiSparseBackend"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class CacheOps:
-    """What ``create_cache_ops`` returns: the per-step operations bound to one backend and runtime.
-
-    vLLM 0.34.0 calls four names on it, positionally (design note §2 B9-B11, B16):
-    ``hisparse_resolve_residency`` (23 arguments), ``hisparse_gather_compact`` (5), ``hisparse_gather_plan`` (5)
-    and ``hisparse_invalidate_written_slots`` (6), with the schemas of :mod:`hisparse_hal.cache_ops.library`.
-    The un-prefixed names are the same methods. They run in the implementation ``capabilities.cache_ops``
-    names, on the current stream; ``host_cache`` is passed as the backend's device view of the pinned host
-    tensor (:meth:`HiSparseBackend.device_view_of_host`, built once per host tensor and pin generation), so
-    every tensor the kernels see is on the backend's device. Nothing here reads a device value or allocates
-    per call on the torch path's host side, so resolve and compact can be captured on a side stream; the
-    Triton path keeps its scratch per ops object (one allocation per batch shape, reused at a fixed address).
-    """
-
-    backend: HiSparseBackend
-    runtime: Any
-    _views: DeviceViews = dataclasses.field(init=False, repr=False, compare=False)
-    _entries: Any = dataclasses.field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        from .cache_ops.selection import implementation_entries
-
-        object.__setattr__(self, "_views", DeviceViews(self.backend))  # frozen: set once, here
-        object.__setattr__(self, "_entries", implementation_entries(self.implementation))
-
-    @property
-    def implementation(self) -> str:
-        """``"triton"``, ``"torch"`` or ``"host"``: the implementation of the cache ops (``capabilities.cache_ops``)."""
-        return self.backend.capabilities.cache_ops
-
-    def _run(self, name: str, args: tuple[Any, ...]) -> None:
-        """Hand one cache op to the backend, which runs it now or records it into a capture."""
-        from .cache_ops import arguments
-
-        if name != "invalidate_written_slots" and args:
-            args = (self._views.of(args[0]), *args[1:])
-        entry = getattr(self._entries, name)
-        check = getattr(arguments, f"check_{name}")
-        self.backend._enqueue_cache_op(name, lambda: entry(*args), lambda: check(*args))
-
-    def hisparse_resolve_residency(self, *args: Any) -> None:
-        """vLLM 0.34.0 ``hisparse_resolve_residency``: the 23 arguments of
-        :func:`hisparse_hal.cache_ops.signatures.vllm_ops`'s ``resolve_residency``, positionally.
-
-        Raises:
-            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
-            UnionOverflowError: a run's union exceeds ``max_union_rows`` (CPU device; a GPU asserts).
-        """
-        self._run("resolve_residency", args)
-
-    def hisparse_gather_compact(self, *args: Any) -> None:
-        """vLLM 0.34.0 ``hisparse_gather_compact`` (5 arguments, positionally).
-
-        Raises:
-            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
-        """
-        self._run("gather_compact", args)
-
-    def hisparse_gather_plan(self, *args: Any) -> None:
-        """vLLM 0.34.0 ``hisparse_gather_plan`` (5 arguments, positionally).
-
-        Raises:
-            InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
-        """
-        self._run("gather_plan", args)
-
-    def hisparse_invalidate_written_slots(self, *args: Any) -> None:
-        """vLLM 0.34.0 ``hisparse_invalidate_written_slots`` (6 arguments, positionally).
-
-        Raises:
-            InvalidArgumentError: an argument vLLM's op would reject.
-            UnknownTableError: an address names no registered table (CPU device; a GPU asserts).
-        """
-        self._run("invalidate_written_slots", args)
-
-    resolve_residency = hisparse_resolve_residency
-    gather_compact = hisparse_gather_compact
-    gather_plan = hisparse_gather_plan
-    invalidate_written_slots = hisparse_invalidate_written_slots
-
-    def swap_blocks_batch(self, src: torch.Tensor, dst: torch.Tensor, sizes: torch.Tensor) -> None:
-        """See :meth:`HiSparseBackend.swap_blocks_batch`."""
-        self.backend.swap_blocks_batch(src, dst, sizes)
-
-    def gather_resident_rows(self, source: torch.Tensor, destination: torch.Tensor, row_ids: torch.Tensor) -> None:
-        """See :meth:`HiSparseBackend.gather_resident_rows`."""
-        self.backend.gather_resident_rows(source, destination, row_ids)
-
-    def raise_gather_faults(self) -> None:
-        """See :meth:`HiSparseBackend.raise_gather_faults`."""
-        self.backend.raise_gather_faults()
-
-    def new_stats_counter(self) -> torch.Tensor:
-        """A zeroed ``[hits, misses]`` counter of the backend's ``stats_dtype`` on its device."""
-        return new_stats_counter(self.backend.device, self.backend.stats_dtype)
-
-
-class DeviceViews:
-    """The device views of pinned host tensors one :class:`CacheOps` hands its kernels, built once each.
-
-    A view is kept per host tensor (its address, dtype, shape and strides) and the backend's
-    :attr:`~HiSparseBackend.pin_generation`, and rebuilt only after a pin or unpin: building one scans the
-    registrations and, on a GPU, makes a tensor from ``__cuda_array_interface__`` (tens of microseconds per
-    layer per step). A kept view keeps its host tensor alive until the first call after a pin or unpin.
-    """
-
-    #: Views kept at most (a host pool per layer: 61 on DeepSeek-V3.2); more empties the cache first.
-    MAX_VIEWS = 256
-
-    def __init__(self, backend: HiSparseBackend) -> None:
-        self._backend = backend
-        self._views: dict[tuple[Any, ...], torch.Tensor] = {}
-        self._generation = -1
-
-    def of(self, host_tensor: torch.Tensor) -> torch.Tensor:
-        """The backend's :meth:`~HiSparseBackend.device_view_of_host` of ``host_tensor``, from the cache when
-        no pin or unpin happened since it was built.
-
-        Raises:
-            InvalidArgumentError, UnsupportedCapabilityError: as ``device_view_of_host`` (never cached).
-        """
-        if not isinstance(host_tensor, torch.Tensor):
-            return self._backend.device_view_of_host(host_tensor)  # raises its typed error
-        generation = self._backend.pin_generation  # read before building: a racing pin forces a rebuild
-        if generation != self._generation:
-            self._views, self._generation = {}, generation
-        views = self._views
-        key = (host_tensor.data_ptr(), host_tensor.dtype, tuple(host_tensor.shape), host_tensor.stride(),
-               host_tensor.device)
-        view = views.get(key)
-        if view is None:
-            view = self._backend.device_view_of_host(host_tensor)
-            if len(views) >= self.MAX_VIEWS:
-                views.clear()
-            views[key] = view
-        return view
 
 
 class HiSparseBackend:
@@ -495,8 +355,8 @@ class HiSparseBackend:
         run()
 
     def create_cache_ops(self, runtime: Any) -> CacheOps:
-        """The per-step operations bound to ``runtime`` (see :class:`CacheOps`), what vLLM 0.34.0 stores as
-        ``runtime.cache_ops`` (``runtime.py:781``).
+        """The per-step operations bound to ``runtime`` (see :class:`~hisparse_hal.cache_ops.bound.CacheOps`),
+        what vLLM 0.34.0 stores as ``runtime.cache_ops`` (``runtime.py:781``).
 
         Registers the runtime's ``device_global_indices`` table(s) (``runtime.index_group.device_global_indices``
         in vLLM 0.34.0, read defensively) so ``hisparse_invalidate_written_slots`` can resolve their addresses;
@@ -506,9 +366,10 @@ class HiSparseBackend:
             runtime: vLLM's ``HiSparseRuntime`` (or None / any object for engines without one).
 
         Returns:
-            The :class:`CacheOps`.
+            The :class:`~hisparse_hal.cache_ops.bound.CacheOps`.
         """
         from .cache_ops import tables
+        from .cache_ops.bound import CacheOps
 
         if runtime is not None:
             tables.register_runtime_tables(runtime)

@@ -78,11 +78,10 @@ def _cache_ops_choice(chosen: str | None, results: Sequence[object]) -> dict[str
     """The cache-ops implementation the chosen backend's device would run, and why (None without a backend)."""
     if chosen is None:
         return None
-    from .cache_ops.selection import choose_cache_ops
+    from .cache_ops.selection import implementation_for
 
-    device = "cpu" if chosen == "cpu" else "cuda"
-    implementation, reason = choose_cache_ops(device)
-    return {"implementation": implementation, "reason": reason}
+    choice = implementation_for("cpu" if chosen == "cpu" else "cuda")
+    return {"implementation": choice.implementation, "reason": choice.reason}
 
 
 def _version() -> str:

@@ -357,14 +357,15 @@ FIGURE_COLUMNS = (
 
 def run(args: argparse.Namespace) -> int:
     """Run the cache-ops benchmark on the selected backend's device and print the table."""
-    from hisparse_hal.cache_ops.selection import choose_cache_ops, probe_triton
+    from hisparse_hal.cache_ops.selection import implementation_for, probe_triton
     from hisparse_hal.registry import get_backend
 
     backend = get_backend(args.backend)
     device = backend.device
     counts = sorted(positive_ints(args.requests, "--requests"))
     queries = sorted(positive_ints(getattr(args, "queries", "1"), "--queries"))
-    choice, reason = choose_cache_ops(device)
+    chosen = implementation_for(device)
+    choice, reason = chosen.implementation, chosen.reason
     interpreted = device.type != "cuda"
     if interpreted:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first defined

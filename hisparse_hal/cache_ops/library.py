@@ -1,23 +1,22 @@
 """The four cache ops as torch custom ops, ``torch.ops.hisparse_hal.*``, with vLLM 0.34.0's schemas.
 
 Invariant: each op is defined once per process (importing again is a no-op); a call runs the implementation
-``implementation_for`` picks for its tensors' device (``host_impl`` on CPU, Triton or torch on CUDA/HIP); the
-fake kernels write nothing, so fake-tensor tracing and ``torch.compile`` see only the mutations the schemas declare.
+``selection.implementation_for`` chose for its tensors' device (``host_impl`` on CPU, Triton or torch on CUDA/HIP),
+the same memoised choice a backend's ``capabilities.cache_ops`` reads; the fake kernels write nothing, so
+fake-tensor tracing and ``torch.compile`` see only the mutations the schemas declare.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import torch
 
 from . import selection
 
-__all__ = ["NAMESPACE", "OP_NAMES", "SCHEMAS", "VLLM_OP_NAMES", "implementation_for", "register"]
+__all__ = ["NAMESPACE", "OP_NAMES", "SCHEMAS", "VLLM_OP_NAMES", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,29 +57,6 @@ VLLM_OP_NAMES: dict[str, str] = {name: f"hisparse_{name}" for name in OP_NAMES}
 _library: torch.library.Library | None = globals().get("_library")
 
 
-@functools.cache
-def implementation_for(device: torch.device) -> ModuleType:
-    """The module whose four functions run the ops for tensors on ``device``.
-
-    What ``selection.choose_cache_ops`` picks: ``host_impl`` on CPU unless overridden, Triton or torch on a
-    GPU device (CUDA, or HIP, which torch also calls ``cuda``). Cached per device: the choice depends on the
-    device, the installed packages and ``HISPARSE_HAL_CACHE_OPS``, never on tensor values
-    (``implementation_for.cache_clear()`` after changing the variable).
-
-    Args:
-        device: the device of the op's tensors.
-
-    Returns:
-        A module with ``resolve_residency``, ``gather_compact``, ``gather_plan``, ``invalidate_written_slots``.
-
-    Raises:
-        InvalidArgumentError, UnsupportedCapabilityError: as ``selection.choose_cache_ops``.
-    """
-    choice, reason = selection.choose_cache_ops(device)
-    logger.info("cache ops on %s: %s (%s)", device, choice, reason)
-    return selection.implementation_module(choice)
-
-
 def _device_kernel(name: str) -> Callable[..., None]:
     """A dispatcher kernel that forwards to the chosen implementation for the tensors' device."""
 
@@ -88,7 +64,7 @@ def _device_kernel(name: str) -> Callable[..., None]:
         # The GPU when any tensor is on one: a CPU host cache may come with GPU index tensors.
         devices = [arg.device for arg in args if isinstance(arg, torch.Tensor)]
         device = next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
-        getattr(implementation_for(device), name)(*args, **kwargs)
+        getattr(selection.implementation_for(device).module, name)(*args, **kwargs)
 
     kernel.__name__ = f"{name}_kernel"
     return kernel

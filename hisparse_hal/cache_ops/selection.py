@@ -2,14 +2,18 @@
 
 Decided from capability facts only (is triton importable, is the device a GPU, is triton's interpreter on),
 never from a vendor name. ``HISPARSE_HAL_CACHE_OPS`` overrides the choice; forcing an implementation where it
-cannot run is an error, not a silent fallback.
+cannot run is an error, not a silent fallback. The choice is made once per device, by :func:`implementation_for`,
+and everything reads it there: a backend's ``capabilities.cache_ops`` (:func:`with_cache_ops`, at construction)
+and the op library ``torch.ops.hisparse_hal.*`` (which vLLM's ``_C_cache_ops`` names forward to).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import os
+import threading
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, Literal
@@ -22,13 +26,18 @@ from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 __all__ = [
     "CACHE_OPS_ENV",
     "IMPLEMENTATIONS",
+    "CacheOpsChoice",
     "TritonFacts",
     "choose_cache_ops",
     "implementation_entries",
+    "implementation_for",
     "implementation_module",
     "probe_triton",
+    "reset_implementation_choice",
     "with_cache_ops",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Environment variable forcing the implementation: ``triton``, ``torch`` or ``host``.
 CACHE_OPS_ENV = "HISPARSE_HAL_CACHE_OPS"
@@ -152,6 +161,71 @@ def implementation_module(name: str) -> ModuleType:
     return importlib.import_module(f"{__package__}.{name}_impl")
 
 
+@dataclasses.dataclass(frozen=True)
+class CacheOpsChoice:
+    """The implementation chosen for one device, and why.
+
+    Attributes:
+        implementation: ``"triton"``, ``"torch"`` or ``"host"``.
+        reason: one sentence: the override, or the capability fact that decided it.
+        module: the module holding the implementation's four ops (:func:`implementation_module`).
+    """
+
+    implementation: Implementation
+    reason: str
+    module: ModuleType = dataclasses.field(repr=False, compare=False)
+
+
+_choices: dict[torch.device, CacheOpsChoice] = {}
+_choices_lock = threading.Lock()
+
+
+def implementation_for(device: torch.device | str) -> CacheOpsChoice:
+    """The cache-ops implementation for tensors on ``device``: the one place the choice is made and kept.
+
+    Decided by :func:`choose_cache_ops` (reading ``HISPARSE_HAL_CACHE_OPS`` and probing triton) on the first
+    call for a device, then memoised for the process: the choice depends on the device, the installed packages
+    and the variable, never on tensor values. A backend's ``capabilities.cache_ops`` (:func:`with_cache_ops`)
+    and the op library's dispatch both read it here, so they cannot disagree. A changed variable takes effect
+    only after :func:`reset_implementation_choice`, and then for the op library and for backends built
+    afterwards (a backend keeps the choice it was built with; ``registry.reset_backend_cache()`` drops it).
+
+    Example::
+
+        >>> implementation_for("cpu").implementation
+        'host'
+
+    Args:
+        device: where the ops' tensors live (for a GPU backend, its GPU).
+
+    Returns:
+        The :class:`CacheOpsChoice`.
+
+    Raises:
+        InvalidArgumentError: ``HISPARSE_HAL_CACHE_OPS`` is not ``triton``, ``torch`` or ``host`` (never
+            memoised: every call refuses it until it is fixed).
+        UnsupportedCapabilityError: as :func:`choose_cache_ops` (never memoised either).
+    """
+    key = torch.device(device)
+    with _choices_lock:
+        chosen = _choices.get(key)
+        if chosen is None:
+            name, reason = choose_cache_ops(key)
+            chosen = CacheOpsChoice(name, reason, implementation_module(name))
+            _choices[key] = chosen
+            logger.info("cache ops on %s: %s (%s)", key, name, reason)
+        return chosen
+
+
+def reset_implementation_choice() -> None:
+    """Forget every memoised :func:`implementation_for` choice (tests, or after changing ``HISPARSE_HAL_CACHE_OPS``).
+
+    The next op call and the next backend built choose afresh; backends already built keep theirs.
+    """
+    with _choices_lock:
+        _choices.clear()
+
+
 def implementation_entries(name: str) -> Any:
     """The four vLLM-order entries of implementation ``name`` for one ops object (a ``signatures.VllmOps``).
 
@@ -180,9 +254,16 @@ def with_cache_ops(
 ) -> Capabilities:
     """``capabilities`` with ``cache_ops`` chosen for ``device`` and ``reasons["cache_ops"]`` saying why.
 
+    The choice is :func:`implementation_for`'s (memoised, shared with the op library). Only tests pass
+    ``facts`` or ``environ``: the choice is then made from them by :func:`choose_cache_ops` and not memoised.
+
     Raises:
         InvalidArgumentError, UnsupportedCapabilityError: as :func:`choose_cache_ops`.
     """
-    choice, reason = choose_cache_ops(device, facts, environ=environ)
+    if facts is None and environ is None:
+        memoised = implementation_for(device)
+        choice, reason = memoised.implementation, memoised.reason
+    else:
+        choice, reason = choose_cache_ops(device, facts, environ=environ)
     reasons = {**capabilities.reasons, "cache_ops": f"{choice} ({reason})"}
     return dataclasses.replace(capabilities, cache_ops=choice, reasons=reasons)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hisparse_hal.backend import CacheOps
+from hisparse_hal.cache_ops.bound import CacheOps
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.host_registration import PAGE_BYTES, HostChunk, HostRegistration, plan_host_chunks
 from hisparse_hal.kv_cache import KVCacheConfig

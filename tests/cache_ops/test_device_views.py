@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hisparse_hal.backend import DeviceViews
+from hisparse_hal.cache_ops.bound import DeviceViews
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver
 from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend

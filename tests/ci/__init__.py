@@ -1,1 +1,2 @@
-"""CI tooling (``ci/``) and the README's commands, which CI runs verbatim."""
+"""CI tooling (``ci/``: the job list, the hardware-matrix workflow, the report merge) and the README's commands,
+which CI runs verbatim."""

@@ -33,7 +33,7 @@ from vllm.v1.hisparse import runtime as hr  # noqa: E402
 from vllm.v1.hisparse.backend import get_hisparse_backend  # noqa: E402
 from vllm.v1.kv_cache_interface import KVCacheLayout  # noqa: E402
 
-from hisparse_hal.backend import CacheOps  # noqa: E402
+from hisparse_hal.cache_ops.bound import CacheOps  # noqa: E402
 from hisparse_hal.errors import InvalidArgumentError  # noqa: E402
 from hisparse_hal.integrations.vllm_backend import CpuHiSparseBackend  # noqa: E402
 

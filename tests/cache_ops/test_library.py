@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -86,15 +87,11 @@ def test_register_again_and_reload_keep_one_working_definition() -> None:
 
 def test_cpu_tensors_dispatch_to_host_impl(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(selection.CACHE_OPS_ENV, raising=False)
-    library.implementation_for.cache_clear()
-    try:
-        assert library.implementation_for(torch.device("cpu")) is host_impl
-    finally:
-        library.implementation_for.cache_clear()
+    selection.reset_implementation_choice()
+    assert selection.implementation_for(torch.device("cpu")).module is host_impl
 
 
 def test_gpu_device_dispatches_to_what_selection_chooses(monkeypatch: pytest.MonkeyPatch) -> None:
-    library.implementation_for.cache_clear()
     calls: list[torch.device] = []
 
     def choose(device: torch.device) -> tuple[str, str]:
@@ -102,11 +99,9 @@ def test_gpu_device_dispatches_to_what_selection_chooses(monkeypatch: pytest.Mon
         return "torch", "forced by the test"
 
     monkeypatch.setattr(selection, "choose_cache_ops", choose)
-    try:
-        assert library.implementation_for(torch.device("cuda", 1)) is torch_impl
-        assert library.implementation_for(torch.device("cuda", 1)) is torch_impl
-    finally:
-        library.implementation_for.cache_clear()
+    selection.reset_implementation_choice()
+    assert selection.implementation_for(torch.device("cuda", 1)).module is torch_impl
+    assert selection.implementation_for(torch.device("cuda", 1)).module is torch_impl
     assert calls == [torch.device("cuda", 1)], "the choice is made once per device"
 
 
@@ -120,23 +115,20 @@ def test_kernel_dispatches_on_the_accelerator_tensor_when_the_host_cache_is_on_c
         def gather_compact(*args: Any) -> None:
             seen.append(args[1].device)
 
-    def implementation_for(device: torch.device) -> type[Recorder]:
+    def implementation_for(device: torch.device) -> SimpleNamespace:
         seen.append(device)
-        return Recorder
+        return SimpleNamespace(module=Recorder)
 
-    monkeypatch.setattr(library, "implementation_for", implementation_for)
+    monkeypatch.setattr(selection, "implementation_for", implementation_for)
     kernel = library._device_kernel("gather_compact")
     kernel(torch.zeros(2, 16), torch.empty(1, 2, 16, device="meta"), None, None, None)
     assert seen == [torch.device("meta"), torch.device("meta")]
 
 
 def test_gpu_device_honours_a_forced_triton_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    library.implementation_for.cache_clear()
     monkeypatch.setattr(selection, "choose_cache_ops", lambda device: ("triton", "forced by the test"))
-    try:
-        chosen = library.implementation_for(torch.device("cuda", 0))
-    finally:
-        library.implementation_for.cache_clear()
+    selection.reset_implementation_choice()
+    chosen = selection.implementation_for(torch.device("cuda", 0)).module
     assert chosen.__name__ == "hisparse_hal.cache_ops.triton_impl"
 
 

@@ -1,6 +1,6 @@
 """The Triton cache ops, run on CPU tensors by triton's interpreter (TRITON_INTERPRET=1).
 
-The worked examples, decisions and typed errors of tests/test_cache_ops_oracle.py (imported, with ``ops`` the
+The worked examples, decisions and typed errors of tests/cache_ops/test_oracle.py (imported, with ``ops`` the
 Triton implementation), the gathers' grid-stride walk, launch counting, then 2,000 generated vLLM 0.34.0
 multi-step sequences (issue 8) compared bit for bit with the oracle, in 40 chunks, plus a few with 4-lane
 tiles. The interpreter proves the kernels' logic; it does not compile them for a GPU, so nothing here says
@@ -23,8 +23,6 @@ _NEED = "the Triton cache-ops tests need triton and numpy (pip install -e '.[tri
 triton = pytest.importorskip("triton", reason=_NEED)
 pytest.importorskip("numpy", reason=_NEED)  # triton's interpreter needs numpy
 
-from test_cache_ops_oracle import *  # noqa: E402,F403 - the worked examples, run here through Triton
-from test_cache_ops_oracle import decode_world  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 from hisparse_hal.cache_ops import arguments, oracle, triton_impl  # noqa: E402
@@ -37,6 +35,8 @@ from hisparse_hal.cache_ops.sequences import (  # noqa: E402
     run_sequence,
 )
 from hisparse_hal.errors import UnsupportedCapabilityError  # noqa: E402
+from tests.cache_ops.test_oracle import *  # noqa: E402,F403 - the worked examples, run here through Triton
+from tests.cache_ops.test_oracle import decode_world  # noqa: E402
 
 POISON = -7
 I32 = torch.int32
@@ -94,7 +94,7 @@ def _helpers_without_repatching() -> Iterator[None]:
 
 @pytest.fixture  # type: ignore[no-redef]  # overrides the imported fixture: the examples run through Triton
 def ops() -> Any:
-    """The worked examples imported from test_cache_ops_oracle run through the Triton kernels."""
+    """The worked examples imported from tests/cache_ops/test_oracle.py run through the Triton kernels."""
     return triton_impl
 
 

@@ -7,11 +7,22 @@ import importlib.util
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from hisparse_hal.conformance.junit import render_junit
-from hisparse_hal.conformance.report import mark_incomplete, overall_verdict, render_summary, write_report
+from hisparse_hal.conformance.report import (
+    ResultCollector,
+    area_of,
+    build_results,
+    mark_incomplete,
+    overall_verdict,
+    render_summary,
+    suite_test_id,
+    write_report,
+)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _doc(full_suite: bool = True, **extra: object) -> dict:
@@ -93,3 +104,73 @@ def test_merge_accepts_partial_passes_when_asked(tmp_path):
     (tmp_path / "part.json").write_text(json.dumps(_doc(full_suite=False)))
     assert merge.main(["--out", str(tmp_path / "o"), "--allow-partial", str(tmp_path / "part.json")]) == 0
     assert merge.main(["--out", str(tmp_path / "o"), str(tmp_path / "part.json")]) == 1
+
+
+# ------------------------------------------------------------------------------------------ report
+def _report(nodeid: str, when: str, outcome: str, longrepr=None, wasxfail=None, duration=0.1):
+    report = SimpleNamespace(nodeid=nodeid, when=when, outcome=outcome, longrepr=longrepr, duration=duration,
+                             passed=outcome == "passed", failed=outcome == "failed", skipped=outcome == "skipped")
+    if wasxfail is not None:
+        report.wasxfail = wasxfail
+    return report
+
+
+def test_ids_and_areas_do_not_depend_on_where_the_suite_is_installed():
+    assert (
+        suite_test_id("../site-packages/hisparse_hal/conformance/tests/test_swaps.py::test_a[1]")
+        == "test_swaps.py::test_a[1]"
+    )
+    assert area_of("x/test_ipc.py::test_b") == "ipc" and area_of("x/test_elsewhere.py::t") == "other"
+
+
+def test_collector_gives_every_test_one_outcome():
+    collector = ResultCollector()
+    phases: dict[str, list[tuple[Any, ...]]] = {
+        "t/test_swaps.py::ok": [("setup", "passed"), ("call", "passed"), ("teardown", "passed")],
+        "t/test_swaps.py::bad": [
+            ("setup", "passed"),
+            ("call", "failed", "AssertionError: 3 bytes differ"),
+            ("teardown", "passed"),
+        ],
+        "t/test_pinning.py::setup_error": [("setup", "failed", "RuntimeError: no pool"), ("teardown", "passed")],
+        "t/test_stats.py::teardown_error": [
+            ("setup", "passed"),
+            ("call", "passed"),
+            ("teardown", "failed", "AssertionError: canary"),
+        ],
+        "t/test_ipc.py::skipped": [
+            ("setup", "skipped", ("f", 1, "Skipped: backend capability ipc_events is False")),
+            ("teardown", "passed"),
+        ],
+        "t/test_ipc.py::xfailed": [
+            ("setup", "passed"),
+            ("call", "skipped", None, "32-slot ring"),
+            ("teardown", "passed"),
+        ],
+        "t/test_ipc.py::xpassed": [
+            ("setup", "passed"),
+            ("call", "failed", "[XPASS(strict)] 32-slot ring"),
+            ("teardown", "passed"),
+        ],
+    }
+    for nodeid, steps in phases.items():
+        for step in steps:
+            when, outcome, *rest = step
+            collector.add(_report(nodeid, when, outcome, rest[0] if rest else None, rest[1] if len(rest) > 1 else None))
+    results = {r.id.split("::")[1]: r for r in collector.results()}
+    assert {k: r.outcome for k, r in results.items()} == {
+        "ok": "passed", "bad": "failed", "setup_error": "failed", "teardown_error": "failed",
+        "skipped": "skipped", "xfailed": "xfailed", "xpassed": "xpassed",
+    }
+    assert results["setup_error"].reason == "error in setup: RuntimeError: no pool"
+    assert results["teardown_error"].reason.startswith("error in teardown")
+    assert results["skipped"].reason == "backend capability ipc_events is False"
+    assert results["xfailed"].reason == "32-slot ring"
+    assert abs(results["ok"].duration - 0.3) < 1e-9
+    assert [r.area for r in collector.results()][:2] == ["swaps", "swaps"], "results are in tier order"
+    doc = build_results("1.0", "cpu", {"torch": "2"}, collector.results())
+    assert doc["summary"] == {"passed": 1, "failed": 3, "skipped": 1, "xfailed": 1, "xpassed": 1}
+    text = render_summary(doc)
+    assert "| Swaps | FAIL | 1 | 1 | 0 | 0 | 0 |" in text and "| IPC events | FAIL | 0 | 0 | 1 | 1 | 1 |" in text
+    assert "| **Total** | **FAIL** | 1 | 3 | 1 | 1 | 1 |" in text
+    assert "## Failures" in text and "3 bytes differ" in text

@@ -1,7 +1,7 @@
 """The worked examples of docs/design/cache-ops.md (design note §3.3-3.6), each decision we took where vLLM is
 silent, and the typed errors (nothing written on error), in the oracle and every implementation.
 
-``ops`` runs each test through the oracle, torch_impl and host_impl; tests/test_cache_ops_triton.py runs them
+``ops`` runs each test through the oracle, torch_impl and host_impl; tests/cache_ops/test_triton_impl.py runs them
 again through the Triton kernels (interpreter) by importing them with its own ``ops`` fixture."""
 
 from __future__ import annotations

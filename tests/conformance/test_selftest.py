@@ -1,5 +1,5 @@
 """The conformance suite judged end to end: it passes the CPU reference device, and it fails each
-deliberately broken backend (tests/broken_backends.py) in the area where its bug is; expectations,
+deliberately broken backend (hisparse_hal/testing/broken_backends.py) in the area where its bug is; expectations,
 gating and the runner's errors behave as documented."""
 
 from __future__ import annotations

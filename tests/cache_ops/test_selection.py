@@ -14,13 +14,16 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is de
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from hisparse_hal.cache_ops import oracle  # noqa: E402
+from hisparse_hal import registry  # noqa: E402
+from hisparse_hal.cache_ops import host_impl, oracle, torch_impl  # noqa: E402
 from hisparse_hal.cache_ops.selection import (  # noqa: E402
     CACHE_OPS_ENV,
     TritonFacts,
     choose_cache_ops,
+    implementation_for,
     implementation_module,
     probe_triton,
+    reset_implementation_choice,
     with_cache_ops,
 )
 from hisparse_hal.cache_ops.sequences import SHAPES, build_sequence, run_sequence  # noqa: E402
@@ -45,8 +48,9 @@ def _no_override(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _block_triton_import(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make ``import triton`` fail as it does where triton is not installed."""
+    """Make ``import triton`` fail as it does where triton is not installed (and forget the choices made before)."""
     monkeypatch.setitem(sys.modules, "triton", None)
+    reset_implementation_choice()
 
 
 # ------------------------------------------------------------------------------------------ choose_cache_ops
@@ -133,6 +137,61 @@ def test_implementation_module_rejects_unknown_names() -> None:
     assert implementation_module("triton").__name__ == "hisparse_hal.cache_ops.triton_impl"
     with pytest.raises(InvalidArgumentError, match=r"must be one of \['triton', 'torch', 'host'\], got 'cuda'"):
         implementation_module("cuda")
+
+
+# ------------------------------------------------------------------------------------------ one memoised choice
+def _op_library_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Which implementation ``torch.ops.hisparse_hal.gather_compact`` runs for CPU tensors (recorded, not run)."""
+    ran: list[str] = []
+    for name, module in (("host", host_impl), ("torch", torch_impl)):
+        monkeypatch.setattr(module, "gather_compact", lambda *args, _name=name: ran.append(_name))
+    torch.ops.hisparse_hal.gather_compact(*_compact_case())
+    return ran
+
+
+def test_backend_and_op_library_read_one_memoised_choice_until_it_is_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CACHE_OPS_ENV, raising=False)
+    backend = registry.get_backend("cpu")
+    assert backend.capabilities.cache_ops == backend.create_cache_ops(None).implementation == "host"
+    assert _op_library_runs(monkeypatch) == ["host"]
+
+    monkeypatch.setenv(CACHE_OPS_ENV, "torch")  # memoised: neither side moves, so they cannot disagree
+    assert CpuBackend().capabilities.cache_ops == "host" and _op_library_runs(monkeypatch) == ["host"]
+
+    reset_implementation_choice()
+    registry.reset_backend_cache()
+    rebuilt = registry.get_backend("cpu")
+    assert rebuilt.capabilities.cache_ops == rebuilt.create_cache_ops(None).implementation == "torch"
+    assert _op_library_runs(monkeypatch) == ["torch"]
+    assert implementation_for("cpu").reason == f"{CACHE_OPS_ENV}=torch"
+    assert any(n == f"cache ops: torch ({CACHE_OPS_ENV}=torch)" for n in rebuilt.capabilities.notes)
+
+
+def test_the_choice_is_made_once_per_device_for_every_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hisparse_hal.cache_ops.selection as selection
+
+    calls: list[torch.device] = []
+    real = selection.choose_cache_ops
+
+    def counted(device: torch.device, *args: object, **kwargs: object) -> tuple[str, str]:
+        calls.append(torch.device(device))
+        return real(device)
+
+    monkeypatch.setattr(selection, "choose_cache_ops", counted)
+    CpuBackend()
+    CpuBackend()
+    _op_library_runs(monkeypatch)
+    assert calls == [CPU]
+
+
+def test_a_bad_override_is_refused_by_name_on_every_path_and_not_memoised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_OPS_ENV, "cuda")
+    refused = rf"{CACHE_OPS_ENV} must be one of \['triton', 'torch', 'host'\], got 'cuda'"
+    for attempt in (lambda: implementation_for(CPU), CpuBackend, lambda: _op_library_runs(monkeypatch)):
+        with pytest.raises(InvalidArgumentError, match=refused):
+            attempt()
+    monkeypatch.delenv(CACHE_OPS_ENV)
+    assert implementation_for(CPU).implementation == "host"  # fixed at once: the refusal was not kept
 
 
 # ------------------------------------------------------------------------------------------ Capabilities field
