@@ -164,7 +164,7 @@ def test_backend_and_op_library_read_one_memoised_choice_until_it_is_reset(monke
     assert rebuilt.capabilities.cache_ops == rebuilt.create_cache_ops(None).implementation == "torch"
     assert _op_library_runs(monkeypatch) == ["torch"]
     assert implementation_for("cpu").reason == f"{CACHE_OPS_ENV}=torch"
-    assert any(n == f"cache ops: torch ({CACHE_OPS_ENV}=torch)" for n in rebuilt.capabilities.notes)
+    assert rebuilt.capabilities.reasons["cache_ops"] == f"torch ({CACHE_OPS_ENV}=torch)"
 
 
 def test_the_choice_is_made_once_per_device_for_every_reader(monkeypatch: pytest.MonkeyPatch) -> None:

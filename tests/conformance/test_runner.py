@@ -117,3 +117,17 @@ def test_pytest_with_the_plugin_alone_resolves_once(tmp_path):
                                 runner.TESTS, "-q", "--hal-backend", "cpu", "-k", "test_stats_dtype"])
     probes = len(ResolvedRun.resolve("cpu").probes)
     assert counts["pytest"] == Counter({"entry-point-scan": 1, "probe": probes, "mlock-trial": 2})
+
+
+def test_every_function_the_tracer_counts_exists_where_it_looks():
+    """A renamed module or function would be counted as zero calls, not as missing: check the targets exist."""
+    import importlib
+
+    site = importlib.util.spec_from_file_location("trace_site_under_test", TRACE_SITE / "sitecustomize.py")
+    assert site is not None and site.loader is not None
+    tracer = importlib.util.module_from_spec(site)
+    site.loader.exec_module(tracer)
+    for module_name, functions in tracer._TARGETS.items():
+        module = importlib.import_module(module_name)
+        for function in functions:
+            assert callable(getattr(module, function, None)), f"{module_name}.{function} is gone; update the tracer"

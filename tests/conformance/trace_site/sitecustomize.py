@@ -25,7 +25,7 @@ _TARGETS: dict[str, dict[str, Callable[..., str]]] = {
         "discover_specs": lambda *a, **k: "entry-point-scan",
         "run_probe": lambda spec, *a, **k: f"probe {getattr(spec, 'name', '?')}",
     },
-    "hisparse_hal.vendors.cpu.page_lock": {"probe_page_lock": lambda *a, **k: "mlock-trial"},
+    "hisparse_hal.vendors.cpu.runtime": {"probe_page_lock": lambda *a, **k: "mlock-trial"},
 }
 
 
