@@ -89,7 +89,7 @@ def _write_where(target: torch.Tensor, index: tuple[torch.Tensor, ...], values: 
     if write.numel() == 0:
         return
     flat = write.reshape(-1)
-    last = flat.numel() - 1 - torch.argmax(flat.flip(0).to(torch.int8))
+    last = (flat.numel() - 1 - torch.argmax(flat.flip(0).to(torch.int8))).view(1)  # 1-D: a 0-dim index syncs
     anything = flat.any()
     picked = [torch.where(anything, i.reshape(-1)[last], 0) for i in index]
     tail = values.shape[write.dim():]
@@ -603,7 +603,7 @@ def resolve(inputs: ResolveInputs) -> None:
         write_state(inputs, merged, slots, assigned, start)
         reorder_lru(inputs, slots, assigned)
         _store_run_values(misses, window, assigned.run_misses, rows.leader[start])
-        open_misses = assigned.run_misses[_local_runs(window.open_leader, start)]
+        open_misses = assigned.run_misses[_local_runs(window.open_leader.view(1), start)].view(())
         carry = _next_carry(merged, window, torch.cat([carry.position, window.flat]), assigned.entry_slot,
                             assigned.entry_rank, open_misses)
     if inputs.has_swaps:
