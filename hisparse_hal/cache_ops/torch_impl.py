@@ -276,7 +276,8 @@ class _Merged:
 
 
 def union(carry: _Carry, window: _Window) -> _Merged:
-    """Phase 2 (``hisparse_kernels.cu:521-571``): group the carried and the window's keys by ``(leader, g)``."""
+    """Phase 2, the union (its bound: ``hisparse_kernels.cu:563-571``): group the carried and the window's keys by
+    ``(leader, g)``."""
     keys = torch.cat([carry.keys, window.keys])
     count = keys.numel()
     sorted_keys, order = torch.sort(keys, stable=True)
@@ -532,9 +533,9 @@ def publish_swaps(inputs: ResolveInputs, rows: _Rows, window: _Window, assigned:
 
 def write_state(inputs: ResolveInputs, merged: _Merged, slots: _Slots, assigned: _Assigned,
                 start: int) -> None:
-    """The DGI (``hisparse_kernels.cu:760-776``) of runs whose last row is in the window: ``DGI[s, slot] = g``
-    for each valid miss of the run, from its groups (carried and new). Where a corrupted LRU names one victim
-    twice the later miss wins, as in the oracle's loop."""
+    """Phase 4's DGI writes (within ``hisparse_kernels.cu:677-786``) of runs whose last row is in the window:
+    ``DGI[s, slot] = g`` for each valid miss of the run, from its groups (carried and new). Where a corrupted LRU
+    names one victim twice the later miss wins, as in the oracle's loop."""
     hot_size = inputs.hot_size
     local = torch.where(merged.is_head, _local_runs(merged.leaders(), start), 0)
     slot, rank = assigned.entry_slot[merged.order], assigned.entry_rank[merged.order]
