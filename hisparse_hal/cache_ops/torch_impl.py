@@ -19,7 +19,7 @@ overflowing run, which never writes.
   state's slots hold a row of its whole union (``[windows, H]`` bool, computed in the window with the run's last
   row, where the carry plus that window hold the whole union).
 - **Check** (phase 2's bound, D2) before any write.
-- **Pass 2** (phases 3-7): the window's sort again (cheaper than keeping ``[N, K]`` results), slots classified
+- **Pass 2** (phases 3-7): the window's sort again (time traded for not keeping ``[N, K]`` results), slots classified
   for the window's runs only (``[C + 1, H]``: row 0 the run carried in, row ``1 + i`` the run led by the window's
   row ``i``), misses ranked after the carried run's earlier misses, indices and the swap plan published. A run's
   DGI and LRU are written in the window holding its last row, from its groups (carry plus window), so no window
