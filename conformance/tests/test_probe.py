@@ -80,7 +80,8 @@ def test_every_registered_backend_gives_a_reason():
 
 
 # These two are GPU-run checks: torch.cuda.is_initialized() is always False on a CPU build of torch. The project's
-# own tests prove the probes context-free against simulated CUDA and HIP libraries (tests/vendors/{cuda,rocm}/test_spec.py).
+# own tests prove the probes context-free against simulated CUDA and HIP libraries
+# (tests/vendors/{cuda,rocm}/test_spec.py).
 def test_probing_and_selecting_create_no_device_context(isolated_probe):
     assert isolated_probe["after_selection"] is False, (
         f"probing and selecting ({isolated_probe['chosen']}) initialized a device context"
