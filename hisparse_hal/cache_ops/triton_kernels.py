@@ -5,6 +5,12 @@ triton (and ``TRITON_INTERPRET`` is read when the kernels are defined). Every or
 block-level ``tl.cumsum``, so no result depends on the warp or wavefront width (32 on NVIDIA, 64 on
 AMD; the SGLang #23970 bug was a warp-32 scan window). Addresses are computed in int64. Resolve is two
 launches (union sizes, then the rest) so a run can see whether an earlier run with its state row fitted.
+
+Each launch reads as the phases of docs/design/cache-ops.md §2, one ``@triton.jit`` helper per phase (inlined by
+the compiler, as the fused-attention tutorial's ``_attn_fwd_inner``): launch 1 ``_run_state`` (0), ``_clear_table``,
+``_translate_union`` (1-2), ``_count_union``; launch 2 ``_classify_slots`` (3), ``_assign_misses`` with
+``_write_swap_plan`` (4), ``_publish_indices`` (5-6, with valid and swap counts), ``_reorder_lru`` (7),
+``_add_stats`` (6), or ``_publish_padding``.
 """
 
 from __future__ import annotations
@@ -174,6 +180,110 @@ def _claimed_before(r0, s, valid, rid_ptr, rsi_ptr, rsi_len, num_states,
 
 
 @triton.jit
+def _run_state(r0, q, valid, rid_ptr, rsi_ptr, rsi_len, num_states,
+               HAS_RID: tl.constexpr, HAS_RSI: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Phase 0 for the run that row ``r0`` leads: its state row, or -1 for a padding run (state out of range, or
+    claimed by an earlier run, decision D1)."""
+    s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
+    if s >= 0:
+        claimed = _claimed_before(r0, s, valid, rid_ptr, rsi_ptr, rsi_len, num_states, HAS_RID, HAS_RSI, BLOCK_R)
+        s = tl.where(claimed, -1, s)
+    return s
+
+
+@triton.jit
+def _run_table(r0, r1, K):
+    """The scratch of the run ``[r0, r1)``: (hash table offset, its size, offset of the positions' cells).
+
+    2 cells per position (load factor <= 1/2), at offsets derived from the run's first row, so runs never share.
+    """
+    table = r0 * K * 2
+    table_size = (r1 - r0) * K * 2
+    cell_base = r0 * K
+    return table, table_size, cell_base
+
+
+@triton.jit
+def _clear_table(keys_ptr, first_ptr, kind_ptr, table, table_size, BLOCK_K: tl.constexpr):
+    """Every cell of the run's hash table: no key, no first position, no kind."""
+    cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    for i in range(0, table_size, BLOCK_K):
+        ci = i + cols_k
+        mi = ci < table_size
+        tl.store(keys_ptr + table + ci, tl.full([BLOCK_K], _EMPTY, tl.int32), mask=mi)
+        tl.store(first_ptr + table + ci, tl.full([BLOCK_K], _NO_POSITION, tl.int32), mask=mi)
+        tl.store(kind_ptr + table + ci, tl.full([BLOCK_K], _KIND_NONE, tl.int32), mask=mi)
+
+
+@triton.jit
+def _insert_first_reference(keys_ptr, first_ptr, table, table_size, key, p, active, BLOCK: tl.constexpr):
+    """Insert host rows ``key`` (lanes ``active``) into the run's hash table, keeping each key's smallest position
+    ``p``; returns each lane's cell (-1 for inactive lanes). Linear probing with compare-and-swap."""
+    h = _hash_cell(key, table_size)
+    cell = tl.full([BLOCK], -1, tl.int64)
+    while tl.max(active.to(tl.int32), axis=0) > 0:
+        old = tl.atomic_cas(keys_ptr + table + h, tl.where(active, _EMPTY, _NEVER), key)
+        done = active & ((old == _EMPTY) | (old == key))
+        tl.atomic_min(first_ptr + table + h, p, mask=done)
+        cell = tl.where(done, h, cell)
+        active = active & ~done
+        h = tl.where(active, (h + 1) % table_size, h)
+    return cell
+
+
+@triton.jit
+def _find(keys_ptr, table, table_size, key, BLOCK: tl.constexpr):
+    """The cell holding each host row ``key`` in the run's hash table, or -1 (also for ``key < 0``)."""
+    h = _hash_cell(tl.where(key >= 0, key, 0), table_size)
+    found = tl.full([BLOCK], -1, tl.int64)
+    active = key >= 0
+    while tl.max(active.to(tl.int32), axis=0) > 0:
+        kk = tl.load(keys_ptr + table + h, mask=active, other=_EMPTY)
+        found = tl.where(active & (kk == key), h, found)
+        active = active & (kk != key) & (kk != _EMPTY)
+        h = tl.where(active, (h + 1) % table_size, h)
+    return found
+
+
+@triton.jit
+def _translate_union(
+    r0, r1, q, s, K, gi_ptr, gi_stride0,
+    src_ptr, src_rows, src_cols, src_stride0, src_block,
+    res_ptr, res_rows, res_cols, res_stride0, res_block,
+    host_rows, keys_ptr, first_ptr, cells_ptr, table, table_size, cell_base,
+    HAS_SRC: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Phases 1-2: translate every position of the run and insert its host row (host-backed, not resident
+    positions) with its first position in (row, column) order; each position's cell goes to ``cells``."""
+    cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    for r in range(r0, r1):
+        for c0 in range(0, K, BLOCK_K):
+            cols = c0 + cols_k
+            mc = cols < K
+            t = tl.load(gi_ptr + r * gi_stride0 + cols, mask=mc, other=-1)
+            g, res = _translate(t, q, s, src_ptr, src_rows, src_cols, src_stride0, src_block,
+                                res_ptr, res_rows, res_cols, res_stride0, res_block,
+                                host_rows, HAS_SRC, HAS_RES)
+            p = ((r - r0) * K + cols).to(tl.int32)
+            active = mc & (res < 0) & (g >= 0)
+            key = tl.where(active, g, 0).to(tl.int32)
+            cell = _insert_first_reference(keys_ptr, first_ptr, table, table_size, key, p, active, BLOCK_K)
+            tl.store(cells_ptr + cell_base + p.to(tl.int64), cell.to(tl.int32), mask=mc)
+
+
+@triton.jit
+def _count_union(keys_ptr, table, table_size, BLOCK_K: tl.constexpr):
+    """The number of used cells of the run's hash table: the size of its union."""
+    cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    union = 0
+    for i in range(0, table_size, BLOCK_K):
+        ci = i + cols_k
+        kk = tl.load(keys_ptr + table + ci, mask=ci < table_size, other=_EMPTY)
+        union += tl.sum((kk != _EMPTY).to(tl.int32), axis=0)
+    return union
+
+
+@triton.jit
 def resolve_union_kernel(
     host_rows, N, K, num_states,
     gi_ptr, gi_stride0,
@@ -196,52 +306,187 @@ def resolve_union_kernel(
     union = 0
     if is_leader:
         union = -1
-        s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
-        if s >= 0:
-            claimed = _claimed_before(r0, s, valid, rid_ptr, rsi_ptr, rsi_len, num_states, HAS_RID, HAS_RSI, BLOCK_R)
-            s = tl.where(claimed, -1, s)
+        s = _run_state(r0, q, valid, rid_ptr, rsi_ptr, rsi_len, num_states, HAS_RID, HAS_RSI, BLOCK_R)
         if s >= 0:
             r1 = _run_end(r0, q, N, valid, rid_ptr, HAS_RID)
-            positions = (r1 - r0) * K
-            cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
-            table = r0 * K * 2  # this run's hash table: 2 cells per position, load factor <= 1/2
-            table_size = positions * 2
-            cell_base = r0 * K
-            for i in range(0, table_size, BLOCK_K):
-                ci = i + cols_k
-                mi = ci < table_size
-                tl.store(keys_ptr + table + ci, tl.full([BLOCK_K], _EMPTY, tl.int32), mask=mi)
-                tl.store(first_ptr + table + ci, tl.full([BLOCK_K], _NO_POSITION, tl.int32), mask=mi)
-                tl.store(kind_ptr + table + ci, tl.full([BLOCK_K], _KIND_NONE, tl.int32), mask=mi)
+            table, table_size, cell_base = _run_table(r0, r1, K)
+            _clear_table(keys_ptr, first_ptr, kind_ptr, table, table_size, BLOCK_K)
             tl.debug_barrier()
-            for r in range(r0, r1):
-                for c0 in range(0, K, BLOCK_K):
-                    cols = c0 + cols_k
-                    mc = cols < K
-                    t = tl.load(gi_ptr + r * gi_stride0 + cols, mask=mc, other=-1)
-                    g, res = _translate(t, q, s, src_ptr, src_rows, src_cols, src_stride0, src_block,
-                                        res_ptr, res_rows, res_cols, res_stride0, res_block,
-                                        host_rows, HAS_SRC, HAS_RES)
-                    p = ((r - r0) * K + cols).to(tl.int32)
-                    active = mc & (res < 0) & (g >= 0)
-                    key = tl.where(active, g, 0).to(tl.int32)
-                    h = _hash_cell(key, table_size)
-                    cell = tl.full([BLOCK_K], -1, tl.int64)
-                    while tl.max(active.to(tl.int32), axis=0) > 0:
-                        old = tl.atomic_cas(keys_ptr + table + h, tl.where(active, _EMPTY, _NEVER), key)
-                        done = active & ((old == _EMPTY) | (old == key))
-                        tl.atomic_min(first_ptr + table + h, p, mask=done)
-                        cell = tl.where(done, h, cell)
-                        active = active & ~done
-                        h = tl.where(active, (h + 1) % table_size, h)
-                    tl.store(cells_ptr + cell_base + p.to(tl.int64), cell.to(tl.int32), mask=mc)
+            _translate_union(r0, r1, q, s, K, gi_ptr, gi_stride0,
+                             src_ptr, src_rows, src_cols, src_stride0, src_block,
+                             res_ptr, res_rows, res_cols, res_stride0, res_block,
+                             host_rows, keys_ptr, first_ptr, cells_ptr, table, table_size, cell_base,
+                             HAS_SRC, HAS_RES, BLOCK_K)
             tl.debug_barrier()
-            union = 0
-            for i in range(0, table_size, BLOCK_K):
-                ci = i + cols_k
-                kk = tl.load(keys_ptr + table + ci, mask=ci < table_size, other=_EMPTY)
-                union += tl.sum((kk != _EMPTY).to(tl.int32), axis=0)
+            union = _count_union(keys_ptr, table, table_size, BLOCK_K)
     tl.store(union_ptr + r0, union)
+
+
+@triton.jit
+def _classify_slots(lru_ptr, dgi_ptr, keys_ptr, kind_ptr, slot_ptr, order_ptr, s_row, order, table, table_size, H,
+                    cols_h, BLOCK_H: tl.constexpr):
+    """Phase 3: walk the LRU (oldest first); a slot holding a union row is a hit (its entry takes the slot), every
+    other entry is evictable. Writes the run's ``order`` scratch: evictables from the front, hits from the back,
+    both stable; returns the number of evictables."""
+    hits = 0
+    evictable = 0
+    for i0 in range(0, H, BLOCK_H):
+        pos = i0 + cols_h
+        mp = pos < H
+        slot = tl.load(lru_ptr + s_row + pos, mask=mp, other=-1).to(tl.int64)
+        inr = mp & (slot >= 0) & (slot < H)
+        key = tl.load(dgi_ptr + s_row + tl.where(inr, slot, 0), mask=inr, other=-1)
+        found = _find(keys_ptr, table, table_size, key, BLOCK_H)
+        hit = found >= 0
+        ev = mp & ~hit
+        hit_i = hit.to(tl.int32)
+        ev_i = ev.to(tl.int32)
+        hit_rank = hits + tl.cumsum(hit_i, axis=0) - hit_i
+        ev_rank = evictable + tl.cumsum(ev_i, axis=0) - ev_i
+        tl.store(order_ptr + order + ev_rank.to(tl.int64), slot.to(tl.int32), mask=ev)
+        tl.store(order_ptr + order + (H - 1 - hit_rank.to(tl.int64)), slot.to(tl.int32), mask=hit)
+        tl.store(kind_ptr + table + found, tl.full([BLOCK_H], _KIND_HIT, tl.int32), mask=hit)
+        tl.store(slot_ptr + table + found, slot.to(tl.int32), mask=hit)
+        hits += tl.sum(hit_i, axis=0)
+        evictable += tl.sum(ev_i, axis=0)
+    return evictable
+
+
+@triton.jit
+def _write_swap_plan(swap_host_ptr, swap_dev_ptr, segment, m, key, miss, good, slot, q,
+                     hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size):
+    """Misses ``m`` of the run in the flat ``[N * K]`` swap plan, from its first row's ``segment``: host row, and
+    the victim's hot row (-1 past the tripwire). Addresses as ``(ptr + segment) + m``, one scalar add per tile."""
+    tl.store(swap_host_ptr + segment + m, key, mask=miss)
+    victim = _phys(q, tl.where(good, slot, 0), hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size)
+    dev = tl.where(good, victim, -1)
+    tl.store(swap_dev_ptr + segment + m, dev.to(tl.int32), mask=miss)
+
+
+@triton.jit
+def _assign_misses(
+    r0, r1, q, K, H, s_row, order, table, cell_base, evictable,
+    cells_ptr, keys_ptr, first_ptr, kind_ptr, slot_ptr, order_ptr, dgi_ptr,
+    swap_host_ptr, swap_dev_ptr, hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size, cols_k,
+    HAS_SWAP: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Phase 4: union entries without a hit, in first-reference order, are misses ``m`` and take the ``m``-th
+    evictable slot: swap plan at the run's first row's segment, ``DGI[s, slot] = g``; an out-of-range victim (or
+    none left) marks the entry invalid (the tripwire). Returns ``M``, invalid misses included."""
+    misses = 0
+    for r in range(r0, r1):
+        for c0 in range(0, K, BLOCK_K):
+            cols = c0 + cols_k
+            mc = cols < K
+            p = ((r - r0) * K + cols).to(tl.int32)
+            cell = tl.load(cells_ptr + cell_base + p.to(tl.int64), mask=mc, other=-1).to(tl.int64)
+            host = mc & (cell >= 0)
+            safe = tl.where(host, cell, 0)
+            first = tl.load(first_ptr + table + safe, mask=host, other=-1)
+            kind = tl.load(kind_ptr + table + safe, mask=host, other=_KIND_NONE)
+            miss = host & (first == p) & (kind == _KIND_NONE)
+            miss_i = miss.to(tl.int32)
+            m = (misses + tl.cumsum(miss_i, axis=0) - miss_i).to(tl.int64)
+            have = miss & (m < evictable)
+            slot = tl.load(order_ptr + order + m, mask=have, other=-1).to(tl.int64)
+            good = have & (slot >= 0) & (slot < H)
+            key = tl.load(keys_ptr + table + safe, mask=miss, other=0)
+            if HAS_SWAP:
+                _write_swap_plan(swap_host_ptr, swap_dev_ptr, r0 * K, m, key, miss, good, slot, q,
+                                 hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size)
+            tl.store(dgi_ptr + s_row + tl.where(good, slot, 0), key, mask=good)
+            tl.store(kind_ptr + table + safe, tl.where(good, _KIND_MISS, _KIND_INVALID), mask=miss)
+            tl.store(slot_ptr + table + safe, slot.to(tl.int32), mask=good)
+            misses += tl.sum(miss_i, axis=0)
+    return misses
+
+
+@triton.jit
+def _publish_indices(
+    r0, r1, q, s, K, gi_ptr, gi_stride0,
+    src_ptr, src_rows, src_cols, src_stride0, src_block,
+    res_ptr, res_rows, res_cols, res_stride0, res_block,
+    host_rows, cells_ptr, first_ptr, kind_ptr, slot_ptr, table, cell_base,
+    hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size,
+    hot_ptr, att_ptr, att_stride0, att_block_stride, valid_ptr, valid_stride0, swap_counts_ptr, swap_misses,
+    cols_k,
+    HAS_SRC: tl.constexpr, HAS_RES: tl.constexpr, HAS_ATT: tl.constexpr, HAS_VALID: tl.constexpr,
+    HAS_SWAP: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Phases 5-6 for every position of the run: the resident row, the hot row of its entry's slot, or -1; the
+    attention index; ``valid_counts``; ``swap_counts[r0 + j] = clamp(M - j * K, 0, K)`` for the run's
+    ``swap_misses`` (``M``); and the stats tally, returned as (hits, misses): a miss counts once at its first
+    reference, every other reference to a served entry is a hit."""
+    hits = 0
+    misses = 0
+    for r in range(r0, r1):
+        valid_row = 0
+        for c0 in range(0, K, BLOCK_K):
+            cols = c0 + cols_k
+            mc = cols < K
+            t = tl.load(gi_ptr + r * gi_stride0 + cols, mask=mc, other=-1)
+            g, res = _translate(t, q, s, src_ptr, src_rows, src_cols, src_stride0, src_block,
+                                res_ptr, res_rows, res_cols, res_stride0, res_block,
+                                host_rows, HAS_SRC, HAS_RES)
+            p = ((r - r0) * K + cols).to(tl.int32)
+            host = mc & (res < 0) & (g >= 0)
+            cell = tl.load(cells_ptr + cell_base + p.to(tl.int64), mask=host, other=0).to(tl.int64)
+            kind = tl.load(kind_ptr + table + cell, mask=host, other=_KIND_INVALID)
+            slot = tl.load(slot_ptr + table + cell, mask=host, other=0)
+            first = tl.load(first_ptr + table + cell, mask=host, other=-1)
+            served = host & (kind != _KIND_INVALID)
+            phys = _phys(q, tl.where(served, slot, 0), hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size)
+            x = tl.where(res >= 0, res, tl.where(served, phys, -1))
+            _write_index(hot_ptr, att_ptr, att_stride0, r, cols, x, mc, block_size, att_block_stride, K, HAS_ATT)
+            is_miss = served & (kind == _KIND_MISS) & (first == p)
+            misses += tl.sum(is_miss.to(tl.int32), axis=0)
+            hits += tl.sum((served & ~is_miss).to(tl.int32), axis=0)
+            valid_row += tl.sum((mc & ((res >= 0) | (g >= 0))).to(tl.int32), axis=0)
+        if HAS_VALID:
+            tl.store(valid_ptr + r * valid_stride0, valid_row)
+        if HAS_SWAP:
+            share = tl.minimum(tl.maximum(swap_misses - (r - r0) * K, 0), K)
+            tl.store(swap_counts_ptr + r, share.to(tl.int32))
+    return hits, misses
+
+
+@triton.jit
+def _add_stats(stats_ptr, hits, misses, HAS_STATS: tl.constexpr):
+    """Phase 6: ``stats[0] += hits``, ``stats[1] += misses`` (int64 view of the uint64 counters, decision D6)."""
+    if HAS_STATS:
+        tl.atomic_add(stats_ptr, hits.to(tl.int64))
+        tl.atomic_add(stats_ptr + 1, misses.to(tl.int64))
+
+
+@triton.jit
+def _reorder_lru(lru_ptr, order_ptr, s_row, order, H, evictable, misses, cols_h, BLOCK_H: tl.constexpr):
+    """Phase 7: ``LRU[s] = evictables[M:] + evictables[:M] + hits``: unused evictables, the slots just filled, then
+    the hits in their old order (``order`` holds the evictables from the front and the hits reversed at the back)."""
+    for i0 in range(0, H, BLOCK_H):
+        i = i0 + cols_h
+        mi = i < H
+        stale = evictable - misses
+        src = tl.where(i < stale, misses + i,
+                       tl.where(i < evictable, i - stale, H - 1 - (i - evictable)))
+        val = tl.load(order_ptr + order + src, mask=mi, other=0)
+        tl.store(lru_ptr + s_row + i, val.to(tl.int16), mask=mi)
+
+
+@triton.jit
+def _publish_padding(hot_ptr, att_ptr, att_stride0, att_block_stride, valid_ptr, valid_stride0, swap_counts_ptr,
+                     r0, r1, K, block_size, cols_k, HAS_ATT: tl.constexpr, HAS_VALID: tl.constexpr,
+                     HAS_SWAP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A padding run: -1 indices, 0 counts; swap rows and state untouched (``hisparse_kernels.cu:393-411``)."""
+    for r in range(r0, r1):
+        for c0 in range(0, K, BLOCK_K):
+            cols = c0 + cols_k
+            mc = cols < K
+            none = tl.full([BLOCK_K], -1, tl.int64)
+            _write_index(hot_ptr, att_ptr, att_stride0, r, cols, none, mc, block_size, att_block_stride, K, HAS_ATT)
+        if HAS_VALID:
+            tl.store(valid_ptr + r * valid_stride0, 0)
+        if HAS_SWAP:
+            tl.store(swap_counts_ptr + r, 0)
 
 
 @triton.jit
@@ -279,134 +524,40 @@ def resolve_residency_kernel(
         s = _state_of(q, rsi_ptr, rsi_len, num_states, HAS_RSI)
         union = tl.load(union_ptr + r0)
         usable = (union >= 0) & (union <= max_union_rows)
+        # Tile lanes made once here and passed to the phases, so the compiled code stays the single-body kernel's
+        # (a tl.arange per helper lands inside the branches; with that and a reassociated swap-plan offset, sm_100
+        # compiled top-k 32 with a 48-byte spill).
         cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
-        table = r0 * K * 2
-        table_size = (r1 - r0) * K * 2
-        cell_base = r0 * K
+        table, table_size, cell_base = _run_table(r0, r1, K)
         if usable:
-            hits_slots = 0
             evictable = 0
-            misses_m = 0
+            misses = 0
             s_row = s * H
             order = r0 * H
             cols_h = tl.arange(0, BLOCK_H).to(tl.int64)
             if union > 0:
-                # ---- phase 2: classify slots in LRU order (oldest first); hits and evictables, stable
-                for i0 in range(0, H, BLOCK_H):
-                    pos = i0 + cols_h
-                    mp = pos < H
-                    slot = tl.load(lru_ptr + s_row + pos, mask=mp, other=-1).to(tl.int64)
-                    inr = mp & (slot >= 0) & (slot < H)
-                    key = tl.load(dgi_ptr + s_row + tl.where(inr, slot, 0), mask=inr, other=-1)
-                    h = _hash_cell(tl.where(key >= 0, key, 0), table_size)
-                    found = tl.full([BLOCK_H], -1, tl.int64)
-                    active = key >= 0
-                    while tl.max(active.to(tl.int32), axis=0) > 0:
-                        kk = tl.load(keys_ptr + table + h, mask=active, other=_EMPTY)
-                        found = tl.where(active & (kk == key), h, found)
-                        active = active & (kk != key) & (kk != _EMPTY)
-                        h = tl.where(active, (h + 1) % table_size, h)
-                    hit = found >= 0
-                    ev = mp & ~hit
-                    hit_i = hit.to(tl.int32)
-                    ev_i = ev.to(tl.int32)
-                    hit_rank = hits_slots + tl.cumsum(hit_i, axis=0) - hit_i
-                    ev_rank = evictable + tl.cumsum(ev_i, axis=0) - ev_i
-                    tl.store(order_ptr + order + ev_rank.to(tl.int64), slot.to(tl.int32), mask=ev)
-                    tl.store(order_ptr + order + (H - 1 - hit_rank.to(tl.int64)), slot.to(tl.int32), mask=hit)
-                    tl.store(kind_ptr + table + found, tl.full([BLOCK_H], _KIND_HIT, tl.int32), mask=hit)
-                    tl.store(slot_ptr + table + found, slot.to(tl.int32), mask=hit)
-                    hits_slots += tl.sum(hit_i, axis=0)
-                    evictable += tl.sum(ev_i, axis=0)
+                evictable = _classify_slots(lru_ptr, dgi_ptr, keys_ptr, kind_ptr, slot_ptr, order_ptr, s_row, order,
+                                            table, table_size, H, cols_h, BLOCK_H)
                 tl.debug_barrier()
-                # ---- phase 3: misses in first-reference order take the oldest evictable slots
-                for r in range(r0, r1):
-                    for c0 in range(0, K, BLOCK_K):
-                        cols = c0 + cols_k
-                        mc = cols < K
-                        p = ((r - r0) * K + cols).to(tl.int32)
-                        cell = tl.load(cells_ptr + cell_base + p.to(tl.int64), mask=mc, other=-1).to(tl.int64)
-                        host = mc & (cell >= 0)
-                        safe = tl.where(host, cell, 0)
-                        first = tl.load(first_ptr + table + safe, mask=host, other=-1)
-                        kind = tl.load(kind_ptr + table + safe, mask=host, other=_KIND_NONE)
-                        miss = host & (first == p) & (kind == _KIND_NONE)
-                        miss_i = miss.to(tl.int32)
-                        m = (misses_m + tl.cumsum(miss_i, axis=0) - miss_i).to(tl.int64)
-                        have = miss & (m < evictable)
-                        slot = tl.load(order_ptr + order + m, mask=have, other=-1).to(tl.int64)
-                        good = have & (slot >= 0) & (slot < H)
-                        key = tl.load(keys_ptr + table + safe, mask=miss, other=0)
-                        if HAS_SWAP:  # one flat [N * K] plan: the run's m-th miss at its first row's segment
-                            tl.store(swap_host_ptr + r0 * K + m, key, mask=miss)
-                            victim = _phys(q, tl.where(good, slot, 0), hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
-                                           block_size)
-                            dev = tl.where(good, victim, -1)
-                            tl.store(swap_dev_ptr + r0 * K + m, dev.to(tl.int32), mask=miss)
-                        tl.store(dgi_ptr + s_row + tl.where(good, slot, 0), key, mask=good)
-                        tl.store(kind_ptr + table + safe, tl.where(good, _KIND_MISS, _KIND_INVALID), mask=miss)
-                        tl.store(slot_ptr + table + safe, slot.to(tl.int32), mask=good)
-                        misses_m += tl.sum(miss_i, axis=0)
+                misses = _assign_misses(r0, r1, q, K, H, s_row, order, table, cell_base, evictable,
+                                        cells_ptr, keys_ptr, first_ptr, kind_ptr, slot_ptr, order_ptr, dgi_ptr,
+                                        swap_host_ptr, swap_dev_ptr, hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
+                                        block_size, cols_k, HAS_SWAP, BLOCK_K)
                 tl.debug_barrier()
-            # ---- phase 4: publish indices and tally (every position of the run)
-            hits_count = 0
-            miss_count = 0
-            for r in range(r0, r1):
-                valid_row = 0
-                for c0 in range(0, K, BLOCK_K):
-                    cols = c0 + cols_k
-                    mc = cols < K
-                    t = tl.load(gi_ptr + r * gi_stride0 + cols, mask=mc, other=-1)
-                    g, res = _translate(t, q, s, src_ptr, src_rows, src_cols, src_stride0, src_block,
-                                        res_ptr, res_rows, res_cols, res_stride0, res_block,
-                                        host_rows, HAS_SRC, HAS_RES)
-                    p = ((r - r0) * K + cols).to(tl.int32)
-                    host = mc & (res < 0) & (g >= 0)
-                    cell = tl.load(cells_ptr + cell_base + p.to(tl.int64), mask=host, other=0).to(tl.int64)
-                    kind = tl.load(kind_ptr + table + cell, mask=host, other=_KIND_INVALID)
-                    slot = tl.load(slot_ptr + table + cell, mask=host, other=0)
-                    first = tl.load(first_ptr + table + cell, mask=host, other=-1)
-                    served = host & (kind != _KIND_INVALID)
-                    phys = _phys(q, tl.where(served, slot, 0), hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size)
-                    x = tl.where(res >= 0, res, tl.where(served, phys, -1))
-                    _write_index(hot_ptr, att_ptr, att_stride0, r, cols, x, mc, block_size, att_block_stride, K,
-                                 HAS_ATT)
-                    is_miss = served & (kind == _KIND_MISS) & (first == p)
-                    miss_count += tl.sum(is_miss.to(tl.int32), axis=0)
-                    hits_count += tl.sum((served & ~is_miss).to(tl.int32), axis=0)
-                    valid_row += tl.sum((mc & ((res >= 0) | (g >= 0))).to(tl.int32), axis=0)
-                if HAS_VALID:
-                    tl.store(valid_ptr + r * valid_stride0, valid_row)
-                if HAS_SWAP:
-                    share = tl.minimum(tl.maximum(misses_m - (r - r0) * K, 0), K)
-                    tl.store(swap_counts_ptr + r, share.to(tl.int32))
+            hits_count, miss_count = _publish_indices(
+                r0, r1, q, s, K, gi_ptr, gi_stride0,
+                src_ptr, src_rows, src_cols, src_stride0, src_block,
+                res_ptr, res_rows, res_cols, res_stride0, res_block,
+                host_rows, cells_ptr, first_ptr, kind_ptr, slot_ptr, table, cell_base,
+                hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size,
+                hot_ptr, att_ptr, att_stride0, att_block_stride, valid_ptr, valid_stride0, swap_counts_ptr, misses,
+                cols_k, HAS_SRC, HAS_RES, HAS_ATT, HAS_VALID, HAS_SWAP, BLOCK_K)
             if union > 0:
-                # ---- phase 5: LRU = unused evictables, then just-filled slots, then hits (old order)
-                for i0 in range(0, H, BLOCK_H):
-                    i = i0 + cols_h
-                    mi = i < H
-                    stale = evictable - misses_m
-                    src = tl.where(i < stale, misses_m + i,
-                                   tl.where(i < evictable, i - stale, H - 1 - (i - evictable)))
-                    val = tl.load(order_ptr + order + src, mask=mi, other=0)
-                    tl.store(lru_ptr + s_row + i, val.to(tl.int16), mask=mi)
-                if HAS_STATS:
-                    # In the kernel the 0s above become int32 tensors once the loop adds to them; mypy sees Python ints.
-                    tl.atomic_add(stats_ptr, hits_count.to(tl.int64))  # type: ignore[attr-defined]
-                    tl.atomic_add(stats_ptr + 1, miss_count.to(tl.int64))  # type: ignore[attr-defined]
+                _reorder_lru(lru_ptr, order_ptr, s_row, order, H, evictable, misses, cols_h, BLOCK_H)
+                _add_stats(stats_ptr, hits_count, miss_count, HAS_STATS)
         else:
-            # ---- padding: -1 indices, 0 counts; swap rows and state untouched (hisparse_kernels.cu:393-411)
-            for r in range(r0, r1):
-                for c0 in range(0, K, BLOCK_K):
-                    cols = c0 + cols_k
-                    mc = cols < K
-                    none = tl.full([BLOCK_K], -1, tl.int64)
-                    _write_index(hot_ptr, att_ptr, att_stride0, r, cols, none, mc, block_size, att_block_stride,
-                                 K, HAS_ATT)
-                if HAS_VALID:
-                    tl.store(valid_ptr + r * valid_stride0, 0)
-                if HAS_SWAP:
-                    tl.store(swap_counts_ptr + r, 0)
+            _publish_padding(hot_ptr, att_ptr, att_stride0, att_block_stride, valid_ptr, valid_stride0, swap_counts_ptr,
+                             r0, r1, K, block_size, cols_k, HAS_ATT, HAS_VALID, HAS_SWAP, BLOCK_K)
 
 
 @triton.jit
