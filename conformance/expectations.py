@@ -4,7 +4,7 @@ Invariant: every entry names a test id or id prefix, a status (``xfail`` or ``sk
 reason; an entry limited to architectures applies only where the backend reports one of them. A
 malformed file is an error, never silently ignored.
 
-File format (``hisparse_hal/vendors/<name>/expectations.toml``)::
+File format (``vendors/<name>/expectations.toml``)::
 
     [[expectations]]
     id = "test_ipc.py::test_ipc_event_survives_1000_record_wait_cycles"   # exact id or prefix
