@@ -144,6 +144,24 @@ def _without_repeats(values: list[int]) -> list[int]:
     return kept
 
 
+@dataclasses.dataclass
+class _Requests:
+    """What persists across one sequence's steps: geometry, each request's state row, hot and source blocks and
+    length, and the table shapes every step shares."""
+
+    shape: SequenceShape
+    num_states: int
+    pages: int
+    host_rows: int
+    states: list[int]
+    hot_per_request: int
+    hot_of: list[list[int]]
+    resident_base: int
+    hot_blocks: int
+    source_of: list[list[int]]
+    length: list[int]
+
+
 def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequence:
     """Build one decode sequence from ``seed``: requests with persistent state and hot rows, drifting top-k.
 
@@ -157,9 +175,21 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
     probability.
     """
     rng = random.Random(seed)
-    k, block, q_max, slots = shape.top_k, shape.block_size, shape.queries, shape.slots
-    n = shape.batch_rows
-    requests = shape.requests
+    world = _requests(rng, shape)
+    slots = shape.slots
+    initial_lru = [rng.sample(range(slots), slots) if rng.random() < 0.5 else list(range(slots))
+                   for _ in range(world.num_states)]
+    if rng.random() < 0.1:
+        initial_lru[rng.choice(world.states)][rng.randrange(slots)] = rng.choice((-1, slots, 32767))
+    initial_stats = [0, 0] if rng.random() < 0.8 else [2**64 - 2, 2**64 - 1]
+    steps = [_step(rng, world) for _ in range(shape.steps)]
+    return DecodeSequence(seed, shape, world.host_rows, world.hot_blocks, world.num_states, initial_lru, initial_stats,
+                          steps)
+
+
+def _requests(rng: random.Random, shape: SequenceShape) -> _Requests:
+    """The requests' state rows, hot blocks, source pages (5% missing) and starting lengths."""
+    k, block, q_max, slots, requests = shape.top_k, shape.block_size, shape.queries, shape.slots, shape.requests
     num_states = requests + 2
     pages = 4 + (q_max * shape.steps + k) // block + 2
     host_blocks = 1 + requests * pages + 2
@@ -170,103 +200,138 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
     rng.shuffle(hot_ids)
     hot_of = [hot_ids[i * hot_per_request:(i + 1) * hot_per_request] for i in range(requests)]
     resident_base = 1 + requests * hot_per_request
-    hot_blocks = resident_base + requests * 2 + 1
     free_host = list(range(1, host_blocks + 1))  # block host_blocks lies past the host cache
     rng.shuffle(free_host)
     source_of = [[free_host.pop() if rng.random() > 0.05 else 0 for _ in range(pages)] for _ in range(requests)]
     length = [rng.randint(1, 3 * block) for _ in range(requests)]
-    initial_lru = [rng.sample(range(slots), slots) if rng.random() < 0.5 else list(range(slots))
-                   for _ in range(num_states)]
-    if rng.random() < 0.1:
-        initial_lru[rng.choice(states)][rng.randrange(slots)] = rng.choice((-1, slots, 32767))
-    initial_stats = [0, 0] if rng.random() < 0.8 else [2**64 - 2, 2**64 - 1]
+    return _Requests(shape, num_states, pages, host_rows, states, hot_per_request, hot_of, resident_base,
+                     resident_base + requests * 2 + 1, source_of, length)
 
-    steps: list[DecodeStep] = []
-    for _ in range(shape.steps):
-        union_cap = q_max * k if rng.random() < 0.9 else rng.randint(1, q_max * k)
-        order = rng.sample(range(requests), requests)
-        rows_of = {i: rng.randint(1, q_max) for i in order}
-        while sum(rows_of.values()) > n:
-            i = max(rows_of, key=rows_of.__getitem__)
-            rows_of[i] -= 1
-            if rows_of[i] == 0:
-                del rows_of[i]
-                order.remove(i)
-        topk: list[list[int]] = []
-        ids: list[int] = []
-        rsi = [-1] * n
-        hot_table = [[0] * hot_per_request for _ in range(n)]
-        src_table = [[0] * pages for _ in range(n)]
-        resident = [[0] * pages for _ in range(num_states)]
-        for q, i in enumerate(order):
-            rsi[q] = states[i] if rng.random() > 0.08 else -1
-            hot_table[q] = list(hot_of[i])
-            src_table[q] = list(source_of[i])
-            if rng.random() < 0.3:  # the request's last page is resident, looked up by its state row
-                page = max(length[i] - 1, 0) // block
-                resident[states[i]][page] = resident_base + 2 * i + rng.randint(0, 1)
-            pool = list(range(length[i])) + [-1, pages * block + 1]
-            for _ in range(rows_of[i]):
-                limit = min(k, len(pool))
-                values = rng.sample(pool, limit) + [-1] * (k - limit)
-                if topk and ids and ids[-1] == q and rng.random() < 0.5:  # MTP rows share most of the union
-                    shared = rng.randint(0, k)
-                    values[:shared] = topk[-1][:shared]
-                    values = _without_repeats(values)
-                if rng.random() < 0.05 and k > 1:  # an in-row duplicate (decision D4: one entry)
-                    values[-1] = values[0]
-                rng.shuffle(values)
-                topk.append(values)
-                ids.append(q)
-        valid = len(topk)
-        while len(topk) < n:  # graph padding: stale ids, masked by num_valid_rows
-            topk.append([rng.choice((-1, 0, 1)) for _ in range(k)])
-            ids.append(rng.choice((0, 0, -1, len(order) - 1 if order else 0)))
-        silent = {q for q in range(len(order)) if rsi[q] < 0}
-        live = [q for q in range(len(order)) if rsi[q] >= 0]
-        if len(live) >= 2 and rng.random() < 0.05:  # two runs on one state row: the later one is padded (D1)
-            first, later = sorted(rng.sample(live, 2))
-            rsi[later] = rsi[first]
-            silent.add(later)
-        # Host mirror of this step's new tokens, then invalidation (with noise entries that must change nothing).
-        writes, tokens, slots_written = [], [], []
-        for q, i in enumerate(order):
-            if q in silent:  # an inactive (or padded) request writes no tokens
-                continue
-            for _ in range(rows_of[i]):
-                t = length[i]
-                length[i] += 1
-                page, offset = divmod(t, block)
-                host_block = source_of[i][page] if page < pages else 0
-                g = host_block * block + offset if host_block > 0 else -1
-                if 0 <= g < host_rows:
-                    writes.append(g)
+
+def _step(rng: random.Random, world: _Requests) -> DecodeStep:
+    """One decode step: the batch, its top-k rows and padding, the host writes and a gather plan."""
+    shape = world.shape
+    union_cap = shape.queries * shape.top_k if rng.random() < 0.9 else rng.randint(1, shape.queries * shape.top_k)
+    order, rows_of = _batch(rng, world)
+    topk, ids, rsi, hot_table, src_table, resident = _top_k_rows(rng, world, order, rows_of)
+    valid = len(topk)
+    while len(topk) < shape.batch_rows:  # graph padding: stale ids, masked by num_valid_rows
+        topk.append([rng.choice((-1, 0, 1)) for _ in range(shape.top_k)])
+        ids.append(rng.choice((0, 0, -1, len(order) - 1 if order else 0)))
+    silent = _silent_runs(rng, rsi, len(order))
+    writes, tokens, slots_written = _host_writes(rng, world, order, rows_of, silent)
+    plan_rows, plan_mask, plan_targets = _gather_plan(rng, world)
+    keep_resident = rng.random() < 0.8
+    return DecodeStep(
+        global_indices=topk, request_ids=ids, request_state_indices=rsi, hot_block_table=hot_table,
+        source_block_table=src_table, resident_block_table=resident if keep_resident else None,
+        max_union_rows=union_cap, host_writes=writes, written_tokens=tokens, written_slots=slots_written,
+        plan_rows=plan_rows, plan_mask=plan_mask, plan_targets=plan_targets, num_valid_rows=valid,
+    )
+
+
+def _batch(rng: random.Random, world: _Requests) -> tuple[list[int], dict[int, int]]:
+    """The requests in batch order (so batch row != state row) and 1..Q rows each, within the batch rows."""
+    requests = world.shape.requests
+    order = rng.sample(range(requests), requests)
+    rows_of = {i: rng.randint(1, world.shape.queries) for i in order}
+    while sum(rows_of.values()) > world.shape.batch_rows:
+        i = max(rows_of, key=rows_of.__getitem__)
+        rows_of[i] -= 1
+        if rows_of[i] == 0:
+            del rows_of[i]
+            order.remove(i)
+    return order, rows_of
+
+
+def _top_k_rows(rng: random.Random, world: _Requests, order: list[int], rows_of: dict[int, int]) -> tuple[
+        list[list[int]], list[int], list[int], list[list[int]], list[list[int]], list[list[int]]]:
+    """Each request's run of top-k rows, with its state row (8% inactive), tables and sometimes a resident page:
+    ``(topk, request_ids, request_state_indices, hot_table, source_table, resident_table)``."""
+    k, block, n, pages = world.shape.top_k, world.shape.block_size, world.shape.batch_rows, world.pages
+    topk: list[list[int]] = []
+    ids: list[int] = []
+    rsi = [-1] * n
+    hot_table = [[0] * world.hot_per_request for _ in range(n)]
+    src_table = [[0] * pages for _ in range(n)]
+    resident = [[0] * pages for _ in range(world.num_states)]
+    for q, i in enumerate(order):
+        rsi[q] = world.states[i] if rng.random() > 0.08 else -1
+        hot_table[q] = list(world.hot_of[i])
+        src_table[q] = list(world.source_of[i])
+        if rng.random() < 0.3:  # the request's last page is resident, looked up by its state row
+            page = max(world.length[i] - 1, 0) // block
+            resident[world.states[i]][page] = world.resident_base + 2 * i + rng.randint(0, 1)
+        pool = list(range(world.length[i])) + [-1, pages * block + 1]
+        for _ in range(rows_of[i]):
+            limit = min(k, len(pool))
+            values = rng.sample(pool, limit) + [-1] * (k - limit)
+            if topk and ids and ids[-1] == q and rng.random() < 0.5:  # MTP rows share most of the union
+                shared = rng.randint(0, k)
+                values[:shared] = topk[-1][:shared]
+                values = _without_repeats(values)
+            if rng.random() < 0.05 and k > 1:  # an in-row duplicate (decision D4: one entry)
+                values[-1] = values[0]
+            rng.shuffle(values)
+            topk.append(values)
+            ids.append(q)
+    return topk, ids, rsi, hot_table, src_table, resident
+
+
+def _silent_runs(rng: random.Random, rsi: list[int], runs: int) -> set[int]:
+    """Runs that write no tokens: inactive ones and, rarely, a later run given an earlier one's state row (D1)."""
+    silent = {q for q in range(runs) if rsi[q] < 0}
+    live = [q for q in range(runs) if rsi[q] >= 0]
+    if len(live) >= 2 and rng.random() < 0.05:  # two runs on one state row: the later one is padded (D1)
+        first, later = sorted(rng.sample(live, 2))
+        rsi[later] = rsi[first]
+        silent.add(later)
+    return silent
+
+
+def _host_writes(rng: random.Random, world: _Requests, order: list[int], rows_of: dict[int, int],
+                 silent: set[int]) -> tuple[list[int], list[int], list[int]]:
+    """The host mirror of the step's new tokens (and rewrites of older ones), then the invalidation list with
+    noise entries that must change nothing: ``(host_writes, written_tokens, written_slots)``."""
+    block, host_rows = world.shape.block_size, world.host_rows
+    writes, tokens, slots_written = [], [], []
+    for q, i in enumerate(order):
+        if q in silent:  # an inactive (or padded) request writes no tokens
+            continue
+        for _ in range(rows_of[i]):
+            t = world.length[i]
+            world.length[i] += 1
+            page, offset = divmod(t, block)
+            host_block = world.source_of[i][page] if page < world.pages else 0
+            g = host_block * block + offset if host_block > 0 else -1
+            if 0 <= g < host_rows:
+                writes.append(g)
+            tokens.append(q)
+            slots_written.append(g)
+        if rng.random() < 0.3 and world.length[i] > 1:  # a rewrite of an older row (rejected speculation)
+            t = rng.randrange(world.length[i])
+            host_block = world.source_of[i][t // block]
+            if host_block > 0 and host_block * block + t % block < host_rows:
+                g = host_block * block + t % block
+                writes.append(g)
                 tokens.append(q)
                 slots_written.append(g)
-            if rng.random() < 0.3 and length[i] > 1:  # a rewrite of an older row (rejected speculation)
-                t = rng.randrange(length[i])
-                host_block = source_of[i][t // block]
-                if host_block > 0 and host_block * block + t % block < host_rows:
-                    g = host_block * block + t % block
-                    writes.append(g)
-                    tokens.append(q)
-                    slots_written.append(g)
-        tokens.append(rng.choice((-1, n + 3)))
-        slots_written.append(rng.randrange(host_rows))
-        if tokens and rng.random() < 0.2:  # a slot past int32: matches nothing
-            tokens.append(tokens[0])
-            slots_written.append(2**32 + rng.randrange(host_rows))
-        plan_rows = [rng.randrange(-1, host_rows + 2) for _ in range(k)]
-        plan_mask = [rng.randint(0, 1) for _ in range(k)]
-        staging_rows = -(-k // block) * block
-        plan_targets = [rng.randrange(-1, staging_rows + 1) if rng.random() < 0.2 else c for c in range(k)]
-        steps.append(DecodeStep(
-            global_indices=topk, request_ids=ids, request_state_indices=rsi, hot_block_table=hot_table,
-            source_block_table=src_table, resident_block_table=resident if rng.random() < 0.8 else None,
-            max_union_rows=union_cap, host_writes=writes, written_tokens=tokens, written_slots=slots_written,
-            plan_rows=plan_rows, plan_mask=plan_mask, plan_targets=plan_targets, num_valid_rows=valid,
-        ))
-    return DecodeSequence(seed, shape, host_rows, hot_blocks, num_states, initial_lru, initial_stats, steps)
+    tokens.append(rng.choice((-1, world.shape.batch_rows + 3)))
+    slots_written.append(rng.randrange(host_rows))
+    if tokens and rng.random() < 0.2:  # a slot past int32: matches nothing
+        tokens.append(tokens[0])
+        slots_written.append(2**32 + rng.randrange(host_rows))
+    return writes, tokens, slots_written
+
+
+def _gather_plan(rng: random.Random, world: _Requests) -> tuple[list[int], list[int], list[int]]:
+    """A gather_plan call's rows, mask and targets (a fifth of the targets out of place or out of range)."""
+    k, block, host_rows = world.shape.top_k, world.shape.block_size, world.host_rows
+    plan_rows = [rng.randrange(-1, host_rows + 2) for _ in range(k)]
+    plan_mask = [rng.randint(0, 1) for _ in range(k)]
+    staging_rows = -(-k // block) * block
+    plan_targets = [rng.randrange(-1, staging_rows + 1) if rng.random() < 0.2 else c for c in range(k)]
+    return plan_rows, plan_mask, plan_targets
 
 
 def decode_sequences(shapes: Sequence[SequenceShape] = SHAPES) -> Any:
