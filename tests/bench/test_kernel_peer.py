@@ -16,7 +16,7 @@ import torch
 from hisparse_hal.bench import kernel_peer, vllm_extension
 from hisparse_hal.bench.cache_ops import CacheOpsCase
 from hisparse_hal.bench.kernel_peer import FIELDS, Peer, compare_records, compare_sequence, oracle_peer, time_case
-from hisparse_hal.cache_ops import oracle
+from hisparse_hal.cache_ops import oracle, torch_impl
 from hisparse_hal.cache_ops.sequences import SHAPES, build_sequence, run_sequence
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 from hisparse_hal.registry import get_backend
@@ -52,8 +52,9 @@ class _Refusing:
         raise AssertionError(f"the peer was called ({name})")
 
 
-def test_the_oracle_as_peer_equals_the_cpu_backend_on_every_field(ours):
-    results = kernel_peer.compare_sequences(oracle_peer(), ours, seeds=1)
+@pytest.mark.parametrize("peer", [oracle_peer(), Peer("torch", torch_impl)], ids=["oracle", "torch_impl"])
+def test_a_faithful_peer_equals_the_cpu_backend_on_every_field(ours, peer):
+    results = kernel_peer.compare_sequences(peer, ours, seeds=1)
     ran = [r for r in results if r.skipped is None]
     assert len(results) == len(SHAPES) and ran
     assert all(r.equal for r in ran), [(r.shape, r.seed, r.mismatches, r.error) for r in ran if not r.equal]
