@@ -38,11 +38,13 @@ from .timing import time_runs
 
 __all__ = [
     "FIELDS",
+    "OurOps",
     "Peer",
     "SequenceResult",
     "StepFigure",
     "compare_records",
     "compare_sequence",
+    "compare_sequences",
     "main",
     "oracle_peer",
     "time_case",
@@ -113,8 +115,8 @@ class SequenceResult:
         return self.skipped is None and self.error is None and not self.mismatches
 
 
-class _Ours:
-    """Our side of a comparison: a backend and the cache ops it creates."""
+class OurOps:
+    """Our side of a comparison: a backend and the cache ops its ``create_cache_ops`` returns."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -122,7 +124,7 @@ class _Ours:
         self.device = backend.device
 
 
-def _run_ours(ours: _Ours, sequence: DecodeSequence) -> list[StepRecord]:
+def _run_ours(ours: OurOps, sequence: DecodeSequence) -> list[StepRecord]:
     """Our ops on ``sequence``: host cache on CPU, pinned by the backend on a GPU (its device view is used)."""
     run = SequenceRun(sequence, ours.device, host_device="cpu")
     pinned = ours.device.type != "cpu"
@@ -142,7 +144,7 @@ def _run_peer(peer: Peer, sequence: DecodeSequence, device: torch.device) -> lis
     return run_sequence(peer.ops, sequence, run=run)
 
 
-def compare_sequence(peer: Peer, ours: _Ours, shape: int, seed: int) -> SequenceResult:
+def compare_sequence(peer: Peer, ours: OurOps, shape: int, seed: int) -> SequenceResult:
     """Build sequence ``seed`` of ``SHAPES[shape]``, screen it with the oracle (a union overflow is skipped),
     then run the peer and ours on it and compare every step."""
     sequence = build_sequence(seed, SHAPES[shape])
@@ -158,7 +160,7 @@ def compare_sequence(peer: Peer, ours: _Ours, shape: int, seed: int) -> Sequence
     return SequenceResult(shape, seed, len(sequence.steps), compare_records(theirs, mine))
 
 
-def compare_sequences(peer: Peer, ours: _Ours, seeds: int) -> list[SequenceResult]:
+def compare_sequences(peer: Peer, ours: OurOps, seeds: int) -> list[SequenceResult]:
     """Every shape of ``SHAPES`` with seeds ``0 .. seeds - 1``; stops after an error on a GPU (its context may
     be lost, so later results would say nothing)."""
     results = []
@@ -208,7 +210,7 @@ class _HostArgument:
         self._ops.gather_compact(self._host, *args[1:])
 
 
-def time_case(case: CacheOpsCase, peer: Peer, ours: _Ours, repeats: int) -> StepFigure:
+def time_case(case: CacheOpsCase, peer: Peer, ours: OurOps, repeats: int) -> StepFigure:
     """Warm one case's state with our ops, then time the same next step with the peer's and ours (the state is
     restored before every run) and compare the two results."""
     step = _Step(case, ours.backend)
@@ -258,7 +260,7 @@ def _peer(args: argparse.Namespace) -> Peer:
     return Peer("vllm", ops, pinned_host=True)
 
 
-def _sequences_part(peer: Peer, ours: _Ours, args: argparse.Namespace, out: Path) -> bool:
+def _sequences_part(peer: Peer, ours: OurOps, args: argparse.Namespace, out: Path) -> bool:
     results = compare_sequences(peer, ours, args.seeds)
     ran = [r for r in results if r.skipped is None]
     equal = sum(r.equal for r in ran)
@@ -274,7 +276,7 @@ def _sequences_part(peer: Peer, ours: _Ours, args: argparse.Namespace, out: Path
     return equal == len(ran)
 
 
-def _timing_part(peer: Peer, ours: _Ours, args: argparse.Namespace, out: Path) -> bool:
+def _timing_part(peer: Peer, ours: OurOps, args: argparse.Namespace, out: Path) -> bool:
     cases = [CacheOpsCase(r, context=args.context, top_k=args.top_k, queries=q)
              for r in positive_ints(args.requests, "--requests") for q in positive_ints(args.queries, "--queries")]
     figures = [time_case(case, peer, ours, args.repeats) for case in cases]
@@ -321,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise InvalidArgumentError(f"--{option} must be at least 1, got {getattr(args, option)}")
     from hisparse_hal.registry import get_backend
 
-    ours = _Ours(get_backend(args.backend))
+    ours = OurOps(get_backend(args.backend))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     peer = _peer(args)

@@ -26,7 +26,7 @@ SMALL = CacheOpsCase(2, context=256, top_k=64, queries=2)
 
 @pytest.fixture(scope="module")
 def ours() -> Any:
-    return kernel_peer._Ours(get_backend("cpu"))
+    return kernel_peer.OurOps(get_backend("cpu"))
 
 
 class _Tampered:
