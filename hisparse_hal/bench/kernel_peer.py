@@ -278,7 +278,7 @@ def _sequences_part(peer: Peer, ours: OurOps, args: argparse.Namespace, out: Pat
 
 def _timing_part(peer: Peer, ours: OurOps, args: argparse.Namespace, out: Path) -> bool:
     cases = [CacheOpsCase(r, context=args.context, top_k=args.top_k, queries=q)
-             for r in positive_ints(args.requests, "--requests") for q in positive_ints(args.queries, "--queries")]
+             for r in args.request_counts for q in args.query_counts]
     figures = [time_case(case, peer, ours, args.repeats) for case in cases]
     print(f"one decode step (resolve + gather_compact), median of {args.repeats}, top-k {args.top_k}, "
           f"context {args.context}, (Q + 1) x top-k hot slots; {peer.name} vs ours ({ours.ops.implementation})")
@@ -315,18 +315,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the check; exit 0 when every compared sequence and every timed step were equal.
 
     Raises:
-        InvalidArgumentError: a count below one (``--seeds``, ``--repeats``) or a bad list.
+        InvalidArgumentError: a count below one (``--seeds``, ``--repeats``) or a bad list (before anything is
+            built or written).
     """
     args = _parser().parse_args(argv)
     for option in ("seeds", "repeats"):
         if getattr(args, option) < 1:
             raise InvalidArgumentError(f"--{option} must be at least 1, got {getattr(args, option)}")
+    args.request_counts = positive_ints(args.requests, "--requests")
+    args.query_counts = positive_ints(args.queries, "--queries")
     from hisparse_hal.registry import get_backend
 
     ours = OurOps(get_backend(args.backend))
+    peer = _peer(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    peer = _peer(args)
     print(f"peer {peer.name} vs ours ({ours.ops.implementation} on {ours.backend.name}, {ours.device}), "
           f"torch {torch.__version__}", flush=True)
     ok = True

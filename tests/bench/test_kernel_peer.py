@@ -118,6 +118,13 @@ def test_main_refuses_a_count_below_one(tmp_path, option):
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.parametrize(("option", "value"), [("--requests", "64,0"), ("--queries", "one")])
+def test_main_refuses_a_bad_list_before_writing(tmp_path, option, value):
+    with pytest.raises(InvalidArgumentError, match=f"{option} must be positive integers .*got '{value}'"):
+        kernel_peer.main(["--out", str(tmp_path / "never"), option, value])
+    assert not (tmp_path / "never").exists()
+
+
 def _seed_without_overflow(shape: int) -> int:
     return next(seed for seed in range(100)
                 if not any(r.error for r in run_sequence(oracle, build_sequence(seed, SHAPES[shape]))))
