@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # ci/gpu-check.sh on a lent GPU machine that reaches no package index (the workplace's device tool), in one call.
 #
-# Usage (from the checkout root, after `pip wheel --no-deps -w .whl .` here; `.whl` travels as a carried path):
+# Usage (from the checkout root, after `pip wheel --no-deps -w .whl .` and `bash ci/prepare-vllm-peer.sh` here;
+# `.whl` and `.vllm-peer` travel as carried paths, `python ci/carried_size.py .vllm-peer .whl` prints their size):
 #   bash ci/device-run.sh [BACKEND]
 # Installs the carried hisparse-hal wheel (no dependencies: the machine's own GPU torch, Triton and NVML stay),
 # runs ci/gpu-check.sh with step limits that fit a short lease (override with the GPU_CHECK_*_S variables), and
 # packs every result into "$OUT/gpu-check.tar.gz" plus "$OUT/summary.txt" (the tool returns at most 8 files).
+# All steps together outlast one 600 s call: name a subset in GPU_CHECK_STEPS (ci/gpu-check.sh), e.g. the vLLM
+# kernel peer alone: GPU_CHECK_STEPS=device-smi,torch,vllm-peer-sequences,vllm-peer-timing.
 set -u
 backend="${1:-cuda}"
 out="${OUT:?OUT must name the folder whose files come back}"
@@ -16,6 +19,7 @@ export PATH PYTHONUNBUFFERED=1
 export GPU_CHECK_CONFORMANCE_S="${GPU_CHECK_CONFORMANCE_S:-150}" GPU_CHECK_BENCH_S="${GPU_CHECK_BENCH_S:-60}"
 export GPU_CHECK_CACHE_OPS_S="${GPU_CHECK_CACHE_OPS_S:-75}" GPU_CHECK_NO_SYNC_S="${GPU_CHECK_NO_SYNC_S:-45}"
 export GPU_CHECK_KERNELS_S="${GPU_CHECK_KERNELS_S:-75}" GPU_CHECK_SCENARIO_S="${GPU_CHECK_SCENARIO_S:-45}"
+export GPU_CHECK_VLLM_PEER_S="${GPU_CHECK_VLLM_PEER_S:-240}"
 results=/tmp/gpu-check
 rm -rf "$results"
 bash ci/gpu-check.sh "$backend" "$results"
