@@ -1,7 +1,8 @@
 """Every ``HISPARSE_HAL_VLLM_BACKEND`` setting on every platform kind: what vLLM then resolves, and ``vllm-check``'s
-report of it. Platforms: vLLM's real one on this CPU-only machine (``UnspecifiedPlatform``), stand-in CUDA, stand-in
-ROCm with vLLM 0.34.0's own ROCm attention, with the operator's override, and with a vLLM whose ROCm attention
-routes through HiSparse (a module written here, named in place of ``rocm_aiter_mla_sparse``).
+report of it. Platforms: vLLM's real one on this CPU-only machine (``UnspecifiedPlatform``), vLLM's
+``CpuPlatform``, stand-in CUDA, stand-in ROCm with vLLM 0.34.0's own ROCm attention, with the operator's override,
+and with a vLLM whose ROCm attention routes through HiSparse (a module written here, named in place of
+``rocm_aiter_mla_sparse``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tests.integrations.with_vllm.vllm_env import require_vllm
 
 require_vllm()
 
+from vllm.platforms.cpu import CpuPlatform  # noqa: E402
 from vllm.platforms.interface import Platform, UnspecifiedPlatform  # noqa: E402
 from vllm.v1.hisparse import backend as vllm_backend  # noqa: E402
 
@@ -53,6 +55,8 @@ ROCM_ROUTED: Expected = {
 EXPECTED: dict[str, Expected] = {
     "here": {None: ("vllm-refuses", None, UNSUPPORTED), "cpu": ("selected", OURS + "CpuHiSparseBackend", None),
              **CANNOT_BUILD, "auto": ("selected", OURS + "AutoHiSparseBackend", None), "x": BAD},
+    "cpu-platform": {None: ("vllm-refuses", None, UNSUPPORTED), "cpu": ("selected", OURS + "CpuHiSparseBackend", None),
+                     **CANNOT_BUILD, "auto": ("selected", OURS + "AutoHiSparseBackend", None), "x": BAD},
     "cuda": {None: ("vllm-backend", CUDA_DEFAULT, "RuntimeError: HiSparse requires its compiled _C_cache_ops"),
              "cpu": ("selected", OURS + "CpuHiSparseBackend", None), **CANNOT_BUILD,
              "auto": ("selected", OURS + "AutoHiSparseBackend", None), "x": BAD},
@@ -60,8 +64,8 @@ EXPECTED: dict[str, Expected] = {
     "rocm+override": ROCM_ROUTED,
     "rocm+routing-vllm": ROCM_ROUTED,
 }
-PLATFORMS = {"here": UnspecifiedPlatform, "cuda": StandInCuda, "rocm": StandInRocm, "rocm+override": StandInRocm,
-             "rocm+routing-vllm": StandInRocm}
+PLATFORMS = {"here": UnspecifiedPlatform, "cpu-platform": CpuPlatform, "cuda": StandInCuda, "rocm": StandInRocm,
+             "rocm+override": StandInRocm, "rocm+routing-vllm": StandInRocm}
 # A ROCm sparse-MLA attention that keeps the common forward_mqa, which routes through HiSparse.
 ROUTING_MODULE = """
 from vllm.model_executor.layers.attention.sparse_mla_attention import SparseMLACommonImpl
@@ -201,3 +205,15 @@ def test_vllm_check_json_prints_json_in_every_case(env: dict[str, str], returnco
     code, report = _cli(env)
     assert (code, report["plugin"]["state"], report["plugin"]["active"]) == (returncode, state, False)
     assert (report["error"] is not None) is (state == "error")
+
+
+@pytest.mark.parametrize(
+    "cls, first",
+    [(CpuPlatform, "vllm/platforms/cpu.py:154-155"), (UnspecifiedPlatform, "vllm/config/device.py:44-50"),
+     (StandInRocm, "vllm/v1/hisparse/runtime.py:662-663")],
+)
+def test_blockers_name_what_a_user_meets_first(cls: type[Platform], first: str) -> None:
+    found = plugin.blockers(cls())
+    assert first in found[0]
+    if cls is CpuPlatform:
+        assert "vllm/platforms/cpu.py:242-243" in found[1]
