@@ -28,8 +28,8 @@ from .host_registration import (
     plan_host_chunks,
     register_in_chunks,
 )
-from .kv_cache import KV_FORMAT_SPECS, build_views, validate_config
-from .kv_placements import device_slabs, is_placement_config, validate_placements
+from .kv_cache import KV_FORMAT_SPECS, KVCacheConfig, build_views, validate_config
+from .kv_placements import device_slabs, validate_placements
 from .regions import Region, RegionTable, SwapBatch
 
 if TYPE_CHECKING:
@@ -267,16 +267,18 @@ class HiSparseBackend:
     def validate_kv_cache_config(self, kv_cache_config: Any) -> None:
         """Validate device cache formats before allocating or pinning storage.
 
-        Takes this package's :class:`~hisparse_hal.kv_cache.KVCacheConfig` or a config described by tensor
-        placements (vLLM 0.34.0's ``KVCacheConfig``, called at ``vllm/v1/hisparse/binding.py:139``; see
-        :func:`hisparse_hal.kv_placements.validate_placements`).
+        Takes this package's :class:`~hisparse_hal.kv_cache.KVCacheConfig`, or any other object read as a config
+        described by tensor placements (vLLM 0.34.0's ``KVCacheConfig``, called at
+        ``vllm/v1/hisparse/binding.py:139``; see :func:`hisparse_hal.kv_placements.validate_placements`): only
+        the fields it carries are checked, so what vLLM's base backend accepts (anything, ``backend.py:36-37``)
+        is accepted unless a field it carries is wrong.
 
         Raises:
             InvalidArgumentError: a malformed config (see :func:`hisparse_hal.kv_cache.validate_config`).
             UnsupportedCapabilityError: a format this device cannot hold, or a shared host pool it cannot
                 provide.
         """
-        if is_placement_config(kv_cache_config):
+        if not isinstance(kv_cache_config, KVCacheConfig):
             fp8 = {KV_FORMAT_SPECS[name].dtype for name in self.capabilities.kv_formats
                    if name.startswith("fp8_e")}
             validate_placements(kv_cache_config, shared_host_pool=self.supports_shared_host_pool,
@@ -310,7 +312,7 @@ class HiSparseBackend:
                 layer missing, misplaced, too small or overlapping another or a pinned host region.
         """
         self.validate_kv_cache_config(kv_cache_config)
-        if is_placement_config(kv_cache_config):
+        if not isinstance(kv_cache_config, KVCacheConfig):
             slabs = device_slabs(kv_cache_config, kv_caches, self.device)
             self._replace_cache_regions(
                 [Region(slab.start, slab.size, "device_cache", slab.label, self.device) for slab in slabs]

@@ -192,6 +192,14 @@ def _cmd_vllm_check(args: argparse.Namespace) -> int:
     return 0 if report["hisparse_can_run"] else 1
 
 
+def _vllm_check_json_error(argv: Sequence[str], exc: BaseException) -> None:
+    """``vllm-check --json`` prints its report on stdout also when a setting is bad (the exit status stays 2)."""
+    if "vllm-check" in argv and "--json" in argv:
+        from .integrations import vllm as vllm_plugin
+
+        print(json.dumps(vllm_plugin.error_report(exc), indent=2))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``hisparse-hal`` command."""
     parser = argparse.ArgumentParser(
@@ -301,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BackendUnavailableError as exc:
         if debug:
             traceback.print_exc()
+        _vllm_check_json_error(raw, exc)
         hint = ""
         if os.environ.get(BACKEND_ENV) and "--backend" not in raw:
             hint = f"\nhint: install a build of torch for that backend, or unset {BACKEND_ENV}"
@@ -309,6 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (HalError, OSError) as exc:
         if debug:
             traceback.print_exc()
+        _vllm_check_json_error(raw, exc)
         what = str(exc) if isinstance(exc, HalError) else f"{type(exc).__name__}: {exc} (--debug shows where)"
         print(f"{prefix}: {what}", file=sys.stderr)
         return 2

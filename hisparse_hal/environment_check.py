@@ -21,6 +21,7 @@ KNOWN_VARIABLES: dict[str, str] = {
     "HISPARSE_HAL_PIN_CHUNK_BYTES": "the largest single host registration, in bytes",
     "HISPARSE_HAL_CUDA_MAX_BATCH": "descriptors per CUDA batch call",
     "HISPARSE_HAL_VLLM_BACKEND": "the hisparse-hal backend vLLM 0.34.0 must use: auto, cpu, cuda or rocm",
+    "HISPARSE_HAL_VLLM_ROCM_ATTENTION_ROUTES_HISPARSE": "1: the ROCm sparse-MLA attention routes through HiSparse",
     "HISPARSE_HAL_DEBUG": "1 shows the traceback of a command's error",
     "HISPARSE_HAL_TRITON_SEQUENCES": "generated sequences the project's Triton tests run",
 }
@@ -56,11 +57,10 @@ def _cuda_batch(environ: Mapping[str, str]) -> None:
 
 
 def _vllm_backend(environ: Mapping[str, str]) -> None:
-    from .integrations.vllm import BACKEND_ENV, adapter_qualname
+    from .integrations.vllm import requested_backend, rocm_override
 
-    value = environ.get(BACKEND_ENV, "").strip()
-    if value:
-        adapter_qualname(value)
+    requested_backend(environ)
+    rocm_override(environ)
 
 
 def _switch(name: str) -> Callable[[Mapping[str, str]], None]:

@@ -1,8 +1,10 @@
 """KV caches described by tensor placements, as vLLM 0.34.0's ``KVCacheConfig`` does: validation and the
 device slabs a backend must know as swap regions.
 
-Read by attribute only (this package never imports vLLM). Invariant: nothing here allocates, copies or
-keeps a tensor; a slab is one distinct device storage that holds at least one device-resident layer.
+Read by attribute only, duck-typed as vLLM's base and CUDA backends read it (not at all): every field is optional,
+and only a field that is present and wrong is refused. This package never imports vLLM. Invariant: nothing here
+allocates, copies or keeps a tensor; a slab is one distinct device storage that holds at least one device-resident
+layer.
 """
 
 from __future__ import annotations
@@ -15,10 +17,8 @@ import torch
 
 from .errors import InvalidArgumentError, UnsupportedCapabilityError
 
-__all__ = ["DeviceSlab", "is_placement_config", "validate_placements", "device_slabs"]
+__all__ = ["DeviceSlab", "validate_placements", "device_slabs"]
 
-# The attributes that tell a placement config (vllm/v1/kv_cache_interface.py:1560-1593) from ours.
-_PLACEMENT_FIELDS = ("num_blocks", "kv_cache_tensors", "kv_cache_groups")
 _FP8 = {torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz}
 
 
@@ -36,22 +36,27 @@ class DeviceSlab:
         return f"KV slab of {self.layers[0]!r}{more}"
 
 
-def is_placement_config(config: object) -> bool:
-    """Whether ``config`` describes its caches by tensor placements (vLLM's ``KVCacheConfig``)."""
-    return all(hasattr(config, name) for name in _PLACEMENT_FIELDS)
-
-
 def _positive_int(value: object, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise InvalidArgumentError(f"KV cache config: {what} must be a positive int, got {value!r}")
     return value
 
 
+def _sequence(config: Any, field: str) -> list[Any]:
+    """``config.<field>`` as a list ([] where absent or None)."""
+    value = getattr(config, field, None)
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise InvalidArgumentError(f"KV cache config: {field} must be a list, got {type(value).__name__} {value!r}")
+    return list(value)
+
+
 def _placement_layers(placement: Any, index: int) -> tuple[str, ...]:
-    layers = getattr(placement, "layers", None)
-    if not isinstance(layers, (list, tuple)) or not layers or not all(isinstance(n, str) for n in layers):
+    layers = getattr(placement, "layers", ())
+    if not isinstance(layers, (list, tuple)) or not all(isinstance(n, str) for n in layers):
         raise InvalidArgumentError(
-            f"KV cache config: kv_cache_tensors[{index}].layers must be a non-empty list of layer names, got {layers!r}"
+            f"KV cache config: kv_cache_tensors[{index}].layers must be a list of layer names, got {layers!r}"
         )
     return tuple(layers)
 
@@ -62,35 +67,36 @@ def validate_placements(
     """Check a placement config before anything is allocated or pinned (vLLM: ``binding.py:138-139``).
 
     Args:
-        config: vLLM's ``KVCacheConfig`` (or any object with its fields).
+        config: vLLM's ``KVCacheConfig``, or any object: only the fields it carries are read.
         shared_host_pool: whether the backend supports one host pool shared by the local TP ranks.
         supported_fp8: the fp8 dtypes the device can hold (other fp8 flavours would be misread).
         where: the backend, for messages.
 
     Raises:
         InvalidArgumentError: a non-positive ``num_blocks``, ``hisparse_host_num_blocks`` or
-            ``hisparse_host_block_stride``; no tensors; a placement with a bad size, stride, offset or
-            layer list; host-resident placements of different sizes (vLLM allocates one host backing,
-            ``binding.py:103``) or without ``hisparse_host_num_blocks``.
+            ``hisparse_host_block_stride``; ``kv_cache_tensors`` or ``kv_cache_groups`` not a list; a placement
+            with a bad size, stride, offset or layer list; host-resident placements of different sizes (vLLM
+            allocates one host backing, ``binding.py:103``) or without ``hisparse_host_num_blocks``.
         UnsupportedCapabilityError: a shared host pool on a backend without one, or an fp8 flavour the
             device cannot hold.
     """
-    _positive_int(config.num_blocks, "num_blocks")
-    placements = list(config.kv_cache_tensors)
-    if not placements:
-        raise InvalidArgumentError("KV cache config: kv_cache_tensors is empty")
+    if getattr(config, "num_blocks", None) is not None:
+        _positive_int(config.num_blocks, "num_blocks")
     host_sizes: set[int] = set()
-    for index, placement in enumerate(placements):
+    for index, placement in enumerate(_sequence(config, "kv_cache_tensors")):
         _placement_layers(placement, index)
-        size = _positive_int(getattr(placement, "size", None), f"kv_cache_tensors[{index}].size")
-        _positive_int(getattr(placement, "block_stride", None), f"kv_cache_tensors[{index}].block_stride")
+        size = getattr(placement, "size", None)
+        if size is not None:
+            _positive_int(size, f"kv_cache_tensors[{index}].size")
+        if getattr(placement, "block_stride", None) is not None:
+            _positive_int(placement.block_stride, f"kv_cache_tensors[{index}].block_stride")
         for field in ("layer_stride", "offset"):
             value = getattr(placement, field, 0)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidArgumentError(
                     f"KV cache config: kv_cache_tensors[{index}].{field} must be an int >= 0, got {value!r}"
                 )
-        if getattr(placement, "host_resident", False):
+        if getattr(placement, "host_resident", False) and size is not None:
             host_sizes.add(size)
     if len(host_sizes) > 1:
         raise InvalidArgumentError(
@@ -103,18 +109,22 @@ def validate_placements(
     stride = getattr(config, "hisparse_host_block_stride", None)
     if stride is not None:
         _positive_int(stride, "hisparse_host_block_stride")
-    if getattr(config, "hisparse_shared_host_pool", False) and not shared_host_pool:
+    shared = getattr(config, "hisparse_shared_host_pool", False)
+    if not isinstance(shared, bool):
+        raise InvalidArgumentError(f"KV cache config: hisparse_shared_host_pool must be a bool, got {shared!r}")
+    if shared and not shared_host_pool:
         raise UnsupportedCapabilityError(
             f"KV cache config asks for a shared HiSparse host pool, but {where} does not support one "
             "(supports_shared_host_pool is False); vLLM plans the pool from that attribute "
             "(vllm/v1/hisparse/runtime.py:295), so the config and the backend disagree"
         )
     fp8_ok = set(supported_fp8)
-    for group in config.kv_cache_groups:
-        dtype = getattr(group.kv_cache_spec, "dtype", None)
+    for group in _sequence(config, "kv_cache_groups"):
+        dtype = getattr(getattr(group, "kv_cache_spec", None), "dtype", None)
         if dtype in _FP8 and dtype not in fp8_ok:
             raise UnsupportedCapabilityError(
-                f"KV cache group {list(group.layer_names)[:3]} holds {dtype}, which {where} cannot hold "
+                f"KV cache group {list(getattr(group, 'layer_names', ()))[:3]} holds {dtype}, which {where} "
+                "cannot hold "
                 f"(fp8 it holds: {sorted(str(d) for d in fp8_ok)}); reading one fp8 flavour as another "
                 "corrupts values"
             )
@@ -132,7 +142,7 @@ def device_slabs(config: Any, kv_caches: Mapping[str, object], device: torch.dev
             device, or whose storage is smaller than its placement's ``size``.
     """
     slabs: dict[int, tuple[int, list[str]]] = {}
-    for index, placement in enumerate(config.kv_cache_tensors):
+    for index, placement in enumerate(_sequence(config, "kv_cache_tensors")):
         if getattr(placement, "host_resident", False):
             continue
         for name in _placement_layers(placement, index):
@@ -147,10 +157,10 @@ def device_slabs(config: Any, kv_caches: Mapping[str, object], device: torch.dev
                     f"kv_caches[{name!r}] is on {tensor.device}, but this backend's caches live on {device}"
                 )
             storage = tensor.untyped_storage()
-            if storage.nbytes() < placement.size:
+            if storage.nbytes() < getattr(placement, "size", 0):
                 raise InvalidArgumentError(
                     f"kv_caches[{name!r}] storage holds {storage.nbytes()} bytes, but its placement "
-                    f"(kv_cache_tensors[{index}]) needs {placement.size}"
+                    f"(kv_cache_tensors[{index}]) needs {getattr(placement, 'size', 0)}"
                 )
             start = storage.data_ptr()
             _size, names = slabs.setdefault(start, (storage.nbytes(), []))

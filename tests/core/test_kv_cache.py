@@ -1,12 +1,17 @@
-"""KV cache config validation and storage-sharing views (vendor-neutral part)."""
+"""KV cache config validation and storage-sharing views (vendor-neutral part), and configs read by duck typing
+as vLLM's base and CUDA backends read them (not at all): any object is accepted unless a field it carries is wrong."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KVCacheConfig, LayerSpec, build_views, validate_config
+from hisparse_hal.vendors.cpu.backend import CpuBackend
 
 ALL = frozenset({"bf16", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_ds_mla"})
 CPU = torch.device("cpu")
@@ -78,3 +83,65 @@ def test_layer_past_end_of_its_tensor_is_rejected():
 def test_missing_layer_is_rejected():
     with pytest.raises(InvalidArgumentError, match="layer 'l0' is not in kv_caches"):
         build_views(_config(), {}, CPU)
+
+
+def _placement(**fields: Any) -> SimpleNamespace:
+    return SimpleNamespace(**{"size": 1024, "layers": ["d0"], "layer_stride": 1024, "block_stride": 256, **fields})
+
+
+@pytest.mark.parametrize(
+    "config",
+    [SimpleNamespace(), object(), {"format": "bf16"}, SimpleNamespace(num_blocks=4),
+     SimpleNamespace(kv_cache_tensors=[], kv_cache_groups=[]), SimpleNamespace(kv_cache_tensors=None),
+     SimpleNamespace(kv_cache_groups=[SimpleNamespace()]), SimpleNamespace(hisparse_shared_host_pool=False)],
+    ids=["bare_namespace", "object", "dict", "num_blocks_only", "empty_lists", "none_tensors", "bare_group",
+         "no_shared_pool"],
+)
+def test_any_config_vllms_backends_accept_is_accepted_and_prepares_nothing(config: object) -> None:
+    backend = CpuBackend()
+    slab = torch.arange(1024, dtype=torch.int32).view(torch.uint8)
+    backend.prepare_kv_cache_views(_config(), {"l0": slab}, {})  # an earlier cache's region
+    before = list(backend.regions)
+    backend.validate_kv_cache_config(config)
+    assert list(backend.regions) == before
+    caches = {"x": slab}
+    backend.prepare_kv_cache_views(config, caches, {})
+    assert caches == {"x": slab} and len(backend.regions) == 0  # replaced by this config's (no) device slabs
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (SimpleNamespace(num_blocks=0), r"num_blocks must be a positive int, got 0"),
+        (SimpleNamespace(num_blocks="4"), r"num_blocks must be a positive int, got '4'"),
+        (SimpleNamespace(kv_cache_tensors="abc"), r"kv_cache_tensors must be a list, got str 'abc'"),
+        (SimpleNamespace(kv_cache_groups=7), r"kv_cache_groups must be a list, got int 7"),
+        (SimpleNamespace(kv_cache_tensors=[_placement(size=-1)]),
+         r"kv_cache_tensors\[0\].size must be a positive int, got -1"),
+        (SimpleNamespace(kv_cache_tensors=[_placement(layers="d0")]),
+         r"kv_cache_tensors\[0\].layers must be a list of layer names, got 'd0'"),
+        (SimpleNamespace(kv_cache_tensors=[_placement(offset=-8)]),
+         r"kv_cache_tensors\[0\].offset must be an int >= 0, got -8"),
+        (SimpleNamespace(hisparse_host_num_blocks=0), r"hisparse_host_num_blocks must be a positive int, got 0"),
+        (SimpleNamespace(hisparse_shared_host_pool="yes"), r"hisparse_shared_host_pool must be a bool, got 'yes'"),
+    ],
+    ids=["zero_blocks", "str_blocks", "tensors_not_list", "groups_not_list", "bad_size", "layers_not_list",
+         "negative_offset", "zero_host_blocks", "shared_pool_not_bool"],
+)
+def test_a_field_present_and_wrong_is_refused_by_name(config: object, message: str) -> None:
+    backend = CpuBackend()
+    with pytest.raises(InvalidArgumentError, match=message):
+        backend.validate_kv_cache_config(config)
+    with pytest.raises(InvalidArgumentError, match=message):
+        backend.prepare_kv_cache_views(config, {}, {})
+    assert len(backend.regions) == 0
+
+
+def test_a_carried_device_layer_is_still_checked_against_kv_caches() -> None:
+    config = SimpleNamespace(kv_cache_tensors=[_placement()])
+    backend = CpuBackend()
+    with pytest.raises(InvalidArgumentError, match=r"kv_caches\['d0'\] storage holds 512 bytes, but its placement"):
+        backend.prepare_kv_cache_views(config, {"d0": torch.zeros(512, dtype=torch.uint8)}, {})
+    assert len(backend.regions) == 0
+    backend.prepare_kv_cache_views(config, {"d0": torch.zeros(1024, dtype=torch.uint8)}, {})
+    assert len(backend.regions) == 1

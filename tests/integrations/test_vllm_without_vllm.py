@@ -43,3 +43,15 @@ def test_vllm_check_json_reports_vllm_missing_and_exits_1(capsys: pytest.Capture
     report = json.loads(capsys.readouterr().out)
     assert report["vllm_installed"] is False and report["hisparse_can_run"] is False
     assert report["plugin"]["state"] == "no-vllm"
+
+
+@pytest.mark.parametrize("name, value", [(plugin.BACKEND_ENV, "tpu"), (plugin.ROCM_ROUTES_ENV, "yes")])
+def test_vllm_check_json_reports_a_bad_setting_as_json_and_exits_2(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert main(["vllm-check", "--json"]) == 2
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert (report["plugin"]["state"], report["plugin"]["active"], report["vllm_installed"]) == ("error", False, False)
+    assert f"{name}" in report["error"] and repr(value) in report["error"] and repr(value) in captured.err

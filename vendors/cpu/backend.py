@@ -21,7 +21,6 @@ from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import InvalidArgumentError, InvalidDescriptorError
 from hisparse_hal.events import HalEvent
 from hisparse_hal.gather import check_row_ids, gather_rows
-from hisparse_hal.kv_cache import KVCacheConfig
 from hisparse_hal.regions import Region, SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
 
@@ -127,9 +126,10 @@ class CpuBackend(HiSparseBackend):
         super().unregister_region(region)
 
     def prepare_kv_cache_views(
-        self, kv_cache_config: KVCacheConfig, kv_caches: dict[str, Any], forward_context: dict[str, Any]
+        self, kv_cache_config: Any, kv_caches: dict[str, Any], forward_context: dict[str, Any]
     ) -> None:
-        """Install typed views (see the base class). Raises ``CaptureMisuseError`` while capturing."""
+        """Install typed views (see the base class: any config object is read). Raises ``CaptureMisuseError`` while
+        capturing."""
         refuse_while_capturing("prepare_kv_cache_views")
         super().prepare_kv_cache_views(kv_cache_config, kv_caches, forward_context)
 

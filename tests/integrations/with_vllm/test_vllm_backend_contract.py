@@ -7,6 +7,7 @@ import logging
 import pickle
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -259,3 +260,18 @@ def test_gpu_events_reach_vllm_as_the_torch_event_they_wrap_and_export_as_ours()
 def test_gpu_shared_host_pool_is_the_capability_plans(planned: bool) -> None:
     """CUDA: True; ROCm: the HIP version's plan (False on 7.2.x, 32-cycle IPC events, vLLM #57602)."""
     assert _adapter_on(_GpuLikeHal(shared_host_pool=planned)).supports_shared_host_pool is planned
+
+
+def test_a_bare_namespace_config_is_accepted_as_vllms_own_backends_accept_it(
+    backend: VllmHiSparseBackend, host_pool: torch.Tensor
+) -> None:
+    """vLLM's tests pass ``SimpleNamespace()`` as the kv_cache_config (tests/v1/worker/test_attn_utils.py:578-584);
+    its base backend reads nothing (backend.py:36-49). A field the config does carry is still checked."""
+    backend.validate_kv_cache_config(SimpleNamespace())
+    caches: dict[str, Any] = {}
+    backend.prepare_kv_cache_views(SimpleNamespace(), caches, {})
+    assert caches == {}
+    with pytest.raises(UnsupportedCapabilityError, match="asks for a shared HiSparse host pool"):
+        backend.validate_kv_cache_config(SimpleNamespace(hisparse_shared_host_pool=True))
+    with pytest.raises(InvalidArgumentError, match="num_blocks must be a positive int, got -1"):
+        backend.prepare_kv_cache_views(SimpleNamespace(num_blocks=-1), caches, {})

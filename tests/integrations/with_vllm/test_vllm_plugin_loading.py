@@ -13,7 +13,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,52 +23,24 @@ require_vllm()
 
 import vllm.platforms  # noqa: E402
 import vllm.plugins  # noqa: E402
-from vllm.platforms.interface import Platform, PlatformEnum  # noqa: E402
+from vllm.platforms.interface import Platform  # noqa: E402
 from vllm.v1.hisparse import backend as vllm_backend  # noqa: E402
 from vllm.v1.hisparse import runtime as vllm_runtime  # noqa: E402
 
-from hisparse_hal.errors import BackendUnavailableError  # noqa: E402
+from hisparse_hal.errors import BackendUnavailableError, UnsupportedCapabilityError  # noqa: E402
 from hisparse_hal.integrations import vllm as plugin  # noqa: E402
 from hisparse_hal.integrations import vllm_backend as adapters  # noqa: E402
-
-CUDA_DEFAULT = "vllm.v1.hisparse.backend.CUDAHiSparseBackend"
-
-
-class StandInCuda(Platform):
-    """STAND-IN for vLLM's CudaPlatform (needs libcuda): its enum and its HiSparse backend (cuda.py:273-275)."""
-
-    _enum = PlatformEnum.CUDA
-    device_type = "cuda"
-
-    @classmethod
-    def get_hisparse_backend_cls(cls) -> str | None:
-        return CUDA_DEFAULT
-
-
-class StandInRocm(Platform):
-    """STAND-IN for vLLM's RocmPlatform (needs a ROCm torch): its enum; no HiSparse backend (the base's None)."""
-
-    _enum = PlatformEnum.ROCM
-    device_type = "cuda"
-
-
-@pytest.fixture
-def platform(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Platform]:
-    """vLLM's ``current_platform`` replaced by an instance of ``request.param``; the class restored after."""
-    cls = request.param
-    saved = dict(cls.__dict__)
-    monkeypatch.setattr(vllm.platforms, "_current_platform", cls())
-    yield vllm.platforms.current_platform
-    for name in ("get_hisparse_backend_cls", "_hisparse_hal_original_backend_cls"):
-        if name in saved:
-            setattr(cls, name, saved[name])
-        elif name in cls.__dict__:
-            delattr(cls, name)
+from tests.integrations.with_vllm.platform_standins import (  # noqa: E402
+    CUDA_DEFAULT,
+    StandInCuda,
+    StandInRocm,
+)
 
 
 def test_load_general_plugins_makes_vllm_resolve_and_build_our_cpu_backend() -> None:
     status = loaded_plugin()
-    assert (status.state, status.reason) == ("selected", f"{plugin.BACKEND_ENV}={BACKEND}")
+    assert status.state == "selected"
+    assert status.reason.startswith(f"{plugin.BACKEND_ENV}={BACKEND}; a model cannot run")
     qualname = vllm.platforms.current_platform.get_hisparse_backend_cls()
     assert qualname == "hisparse_hal.integrations.vllm_backend.CpuHiSparseBackend" == status.backend_cls
     backend = vllm_backend.get_hisparse_backend()
@@ -106,27 +77,34 @@ def test_cuda_keeps_vllms_backend_unless_ours_is_named(platform: Platform, monke
     status = plugin.register()
     assert (status.state, status.backend_cls, status.blockers) == ("vllm-backend", CUDA_DEFAULT, ())
     assert platform.get_hisparse_backend_cls() == CUDA_DEFAULT
-    monkeypatch.setenv(plugin.BACKEND_ENV, "cuda")
+    monkeypatch.setenv(plugin.BACKEND_ENV, "cpu")
     status = plugin.register()
     assert status.state == "selected"
-    assert platform.get_hisparse_backend_cls() == "hisparse_hal.integrations.vllm_backend.CudaHiSparseBackend"
+    assert platform.get_hisparse_backend_cls() == "hisparse_hal.integrations.vllm_backend.CpuHiSparseBackend"
+    monkeypatch.delenv(plugin.BACKEND_ENV)
+    assert plugin.register().state == "vllm-backend"  # vLLM's own method is back
+    assert platform.get_hisparse_backend_cls() == CUDA_DEFAULT
 
 
 @pytest.mark.parametrize("platform", [StandInRocm], indirect=True)
-def test_rocm_gets_ours_and_is_told_what_vllm_still_gets_wrong(
+def test_rocm_is_refused_when_vllm_resolves_the_class_naming_the_attention_file(
     platform: Platform, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.delenv(plugin.BACKEND_ENV, raising=False)
+    monkeypatch.delenv(plugin.ROCM_ROUTES_ENV, raising=False)
     assert platform.get_hisparse_backend_cls() is None  # vLLM 0.34.0 has none for ROCm
     with caplog.at_level(logging.WARNING, logger="vllm.hisparse_hal"):
         status = plugin.register()
-    assert status.state == "selected"
-    assert platform.get_hisparse_backend_cls() == "hisparse_hal.integrations.vllm_backend.RocmHiSparseBackend"
-    text = " ".join(status.blockers)
-    assert "rocm_aiter_mla_sparse.py:1156-1230" in text and "runtime.py:662-663" in text
-    assert {r.getMessage() for r in caplog.records} >= {
-        f"hisparse-hal: HiSparse cannot run correctly here, and no backend can fix it: {b}" for b in status.blockers
-    }
+    assert (status.state, status.active, status.backend_cls) == ("refused", False, None)
+    with pytest.raises(UnsupportedCapabilityError) as refused:
+        platform.get_hisparse_backend_cls()  # what vLLM's config gate calls (config/vllm.py:1813)
+    text = str(refused.value)
+    assert "vllm/v1/attention/backends/mla/rocm_aiter_mla_sparse.py" in text and ":1156-1229" in text
+    assert f"{plugin.ROCM_ROUTES_ENV}=1" in text and "routes through HiSparse (detected from its code)" in text
+    with pytest.raises(UnsupportedCapabilityError, match="rocm_aiter_mla_sparse.py"):
+        vllm_backend.get_hisparse_backend()
+    assert any("runtime.py:662-663" in b for b in status.blockers)
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] and "wrong output" in caplog.records[0].getMessage()
 
 
 def _vllm_check(env: dict[str, str]) -> tuple[int, dict[str, Any]]:
@@ -146,12 +124,13 @@ def test_vllm_check_reports_the_resolved_backend_its_cache_ops_and_the_blockers(
     assert (returncode, report["hisparse_can_run"]) == (1, False)
 
 
-def test_without_a_name_a_platform_with_no_backend_gets_the_registry_choice() -> None:
+def test_without_a_name_a_platform_without_sparse_attention_keeps_vllms_refusal() -> None:
     env = {k: v for k, v in os.environ.items() if k != plugin.BACKEND_ENV}
     code = ("import json; from vllm.plugins import load_general_plugins; load_general_plugins(); "
             "from vllm.platforms import current_platform as p; from vllm.v1.hisparse.backend import "
-            "get_hisparse_backend as g; print(json.dumps([p.get_hisparse_backend_cls(), g().hal.name]))")
+            "get_hisparse_backend as g\ntry: g()\nexcept RuntimeError as e: "
+            "print(json.dumps([p.get_hisparse_backend_cls(), str(e), 'get_hisparse_backend_cls' in type(p).__dict__]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
                          check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [
-        "hisparse_hal.integrations.vllm_backend.AutoHiSparseBackend", "cpu"]
+        None, "The current platform does not support HiSparse.", False]
