@@ -15,7 +15,6 @@ import errno
 import fcntl
 import json
 import logging
-import math
 import os
 import re
 import struct
@@ -29,6 +28,7 @@ from collections.abc import Iterator
 import torch
 
 from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError
+from hisparse_hal.events import DEFAULT_TIMEOUT, WaitDefault, check_timeout_s, wait_bound
 from hisparse_hal.settings import EVENT_TIMEOUT_ENV
 
 from .delayed_work import DelayedWork
@@ -140,7 +140,8 @@ class CpuIpcEvent(torch.Event):
         name: the shared file's name (``hisparse-hal-event-<uuid4>``).
         creator_pid: pid of the exporting process (for messages).
         owner: True in the process that created (and exports) the event.
-        timeout_s: bound of every wait, in seconds.
+        timeout_s: bound of ``wait`` and of ``synchronize()`` without a timeout, in seconds (positive and
+            finite: setting anything else raises ``InvalidArgumentError``).
         handle: the picklable bytes that :func:`import_event` opens.
     """
 
@@ -153,7 +154,7 @@ class CpuIpcEvent(torch.Event):
         self.name = name
         self.creator_pid = creator_pid
         self.owner = owner
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # checked by the property's setter
         self.handle = json.dumps({
             "kind": HANDLE_KIND, "version": HANDLE_VERSION, "dir": directory, "name": name,
             "token": token, "pid": creator_pid, "process": creator_process,
@@ -162,6 +163,15 @@ class CpuIpcEvent(torch.Event):
         #: The backend's delayed host work (set by CpuBackend), which a record completes behind.
         self.host_work: DelayedWork | None = None
         self._finalizer = weakref.finalize(self, _release, fd, self._path if owner else None, os.getpid())
+
+    @property
+    def timeout_s(self) -> float:
+        """Bound of every wait without its own timeout, in seconds."""
+        return self._timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        self._timeout_s = check_timeout_s(value, "CPU IPC event timeout_s")
 
     def __repr__(self) -> str:
         role = "exporter" if self.owner else f"imported from pid {self.creator_pid}"
@@ -213,10 +223,17 @@ class CpuIpcEvent(torch.Event):
         self._usable("wait", stream)
         self._wait_for(self._record.read()[0], "wait", self.timeout_s)
 
-    def synchronize(self, timeout: float | None = None) -> None:
-        """Like :meth:`wait`, bounded by ``timeout`` seconds when given (else ``timeout_s``)."""
+    def synchronize(self, timeout: float | None | WaitDefault = DEFAULT_TIMEOUT) -> None:
+        """Like :meth:`wait`, bounded by ``timeout`` seconds: ``timeout_s`` when omitted, no bound when ``None``
+        (the only infinite wait; a lost exporter still ends it with ``PeerLostError``).
+
+        Raises:
+            InvalidArgumentError: ``timeout`` is NaN, infinite, zero or negative, a bool or not a number
+                (checked before anything is read). Others as :meth:`wait`.
+        """
+        bound = wait_bound(timeout, self.timeout_s)
         self._usable("synchronize", None)
-        self._wait_for(self._record.read()[0], "synchronize", self.timeout_s if timeout is None else timeout)
+        self._wait_for(self._record.read()[0], "synchronize", bound)
 
     def _issue_pending(self) -> int:
         """Issue a record without completing it: an in-flight record, as a GPU stream has while its
@@ -277,10 +294,9 @@ def create_event(timeout_s: float) -> CpuIpcEvent:
     """Create an exportable event owned by this process (its shared file lives until it is closed).
 
     Raises:
-        InvalidArgumentError: ``timeout_s`` is not positive.
+        InvalidArgumentError: ``timeout_s`` is not a positive, finite number.
     """
-    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
-        raise InvalidArgumentError(f"event timeout must be a positive, finite number of seconds, got {timeout_s!r}")
+    timeout_s = check_timeout_s(timeout_s, "event timeout_s")
     directory = _event_dir()
     sweep_stale_events(directory)
     name = NAME_PREFIX + uuid.uuid4().hex
@@ -295,7 +311,7 @@ def create_event(timeout_s: float) -> CpuIpcEvent:
         os.close(fd)
         os.unlink(os.path.join(directory, name))
         raise
-    return CpuIpcEvent(fd, directory, name, token, os.getpid(), _process_token, True, float(timeout_s))
+    return CpuIpcEvent(fd, directory, name, token, os.getpid(), _process_token, True, timeout_s)
 
 
 def _parse_handle(handle: object) -> dict:
@@ -343,6 +359,7 @@ def import_event(handle: object, timeout_s: float) -> CpuIpcEvent:
             same process (CUDA and HIP refuse same-process opens, ROCm hip #2882: use the original
             event); an event that no longer exists or whose exporter exited.
     """
+    timeout_s = check_timeout_s(timeout_s, "event timeout_s")
     fields = _parse_handle(handle)
     if fields["process"] == _process_token:
         raise InvalidArgumentError(
@@ -371,7 +388,7 @@ def import_event(handle: object, timeout_s: float) -> CpuIpcEvent:
         os.close(fd)
         raise
     return CpuIpcEvent(fd, fields["dir"], fields["name"], fields["token"], fields["pid"], fields["process"],
-                       False, float(timeout_s))
+                       False, timeout_s)
 
 
 def _unlink_stale(path: str) -> None:
