@@ -207,7 +207,7 @@ def _invalidate(ops: Any, num_state_rows: object, region_stride: object) -> tupl
     ("num_state_rows", 0, INT64_MAX), ("region_stride", 1, arguments.MAX_HOT_SLOTS),
 ])
 def test_invalidate_scalars_are_bounded(ops: Any, name: str, position: int, high: int) -> None:
-    scalars = [1, 2]
+    scalars: list[object] = [1, 2]
     for value in (0, high):  # past the bound check: the table lookup finds no table of that shape
         scalars[position] = value
         shape = rf"\[{scalars[0]}, {scalars[1]}\]"
@@ -218,9 +218,9 @@ def test_invalidate_scalars_are_bounded(ops: Any, name: str, position: int, high
         with pytest.raises(ScalarRangeError, match=rf"^{name} is {value}; expected an int in \[0, {high}\]"):
             _invalidate(ops, *scalars)
         assert _LAST["table"].tolist() == TABLE.tolist()
-    for value in (True, 2.0, None):
-        scalars[position] = value
-        with pytest.raises(InvalidArgumentError, match=rf"^{name} is {type(value).__name__} .*expected a Python int"):
+    for wrong in (True, 2.0, None):
+        scalars[position] = wrong
+        with pytest.raises(InvalidArgumentError, match=rf"^{name} is {type(wrong).__name__} .*expected a Python int"):
             _invalidate(ops, *scalars)
         assert _LAST["table"].tolist() == TABLE.tolist()
 

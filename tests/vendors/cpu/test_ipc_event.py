@@ -278,10 +278,11 @@ def test_event_timeout_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("HISPARSE_HAL_EVENT_TIMEOUT_S", "inf")
     with pytest.raises(InvalidArgumentError, match="finite number of seconds, got 'inf'"):
         CpuBackend()
+    bad: object
     for bad in (0, math.nan, math.inf, -1, True, "5"):
         with pytest.raises(InvalidArgumentError,
                            match=rf"^event_timeout_s must be a positive, finite number of seconds, got {bad!r}$"):
-            CpuBackend(event_timeout_s=bad)
+            CpuBackend(event_timeout_s=bad)  # type: ignore[arg-type]  # wrong on purpose
 
 
 # ----------------------------------------------------------------------------- per-call timeouts (issue 30 item 4)
