@@ -2,9 +2,9 @@
 
 The record holds two counters, records issued and records completed, read and written only under a
 byte-range lock on the file: an open-file-description lock where the kernel has them (Linux 3.15+), so two
-imports of one event in one process exclude each other too, else a POSIX ``lockf`` lock serialized within
-the process per file. The kernel's lock hand-off orders memory (unlock releases, lock
-acquires), so bytes written before ``record()`` are visible to a process whose ``wait()`` returned. The
+imports of one event in one process exclude each other too, else (and in a child forked with the event) a
+POSIX ``lockf`` lock serialized within the process per file. The kernel's lock hand-off orders memory (unlock
+releases, lock acquires), so bytes written before ``record()`` are visible to a process whose ``wait()`` returned. The
 exporter holds a shared ``flock`` on the file while its event lives; an importer that can take that
 lock exclusively knows the exporter exited or closed the event, so no wait can hang on it, and removes
 the file a killed exporter left behind; ``create_event`` sweeps any such file no importer touched.
@@ -132,9 +132,12 @@ class _Record:
         self._threads = threading.Lock()
         #: The ``lockf`` fallback's per-file lock, shared by every record of the file in this process.
         self.file_lock = _file_lock(fd)
+        self._pid = os.getpid()
 
     def _lock_range(self, kind: int) -> None:
-        if self.file_lock is None:
+        # A child forked with this record shares its open file description, so the parent's OFD lock would be
+        # the child's too: the child locks with lockf, which conflicts with OFD locks (fcntl(2)).
+        if self.file_lock is None and self._pid == os.getpid():
             flock = _FLOCK.pack(_OFD_TYPES[kind], os.SEEK_SET, _COUNTERS_AT, _COUNTERS.size, 0)
             fcntl.fcntl(self.fd, fcntl.F_OFD_SETLKW, flock)
         else:
