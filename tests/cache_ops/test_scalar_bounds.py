@@ -229,3 +229,14 @@ def test_invalidate_at_the_real_shape_still_writes(ops: Any) -> None:
     """The bounds do not get in the way of the ordinary call: the named entry is invalidated."""
     before, after = _invalidate(ops, 1, 2)
     assert before == [[5, 6]] and after == [[-1, 6]]
+
+
+def test_the_triton_implementation_refuses_through_the_same_check() -> None:
+    """Refused before any launch, so this runs without the interpreter's kernels ever starting."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from hisparse_hal.cache_ops import triton_impl
+
+    for position, value, low, high in ((SOURCE_BLOCK_SIZE, 1 << 32, 1, INT32_MAX),
+                                       (ATTENTION_BLOCK_STRIDE, ATTENTION_MAX + 1, BLOCK, ATTENTION_MAX),
+                                       (MAX_UNION_ROWS, 9, 1, 8)):
+        assert_refused(triton_impl, position, value, low, high)
