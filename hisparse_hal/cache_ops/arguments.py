@@ -159,8 +159,8 @@ def _hot_cache(hot_cache: object, device: torch.device) -> tuple[torch.Tensor, i
     if block_size <= 0:
         raise _fail("hot_cache", _describe(hot), "a positive block size (dimension 1)")
     rows = hot.size(0) * block_size
-    if rows >= 1 << 31:
-        raise _fail("hot_cache", f"{rows} rows", "fewer than 2**31 rows (physical rows are int32)")
+    if rows >= INT32_MAX:  # vLLM: hot_rows < INT32_MAX (hisparse_kernels.cu:1097); physical rows are int32
+        raise _fail("hot_cache", f"{rows} rows", f"fewer than {INT32_MAX} rows (physical rows are int32)")
     return hot, block_size
 
 

@@ -240,3 +240,18 @@ def test_the_triton_implementation_refuses_through_the_same_check() -> None:
                                        (ATTENTION_BLOCK_STRIDE, ATTENTION_MAX + 1, BLOCK, ATTENTION_MAX),
                                        (MAX_UNION_ROWS, 9, 1, 8)):
         assert_refused(triton_impl, position, value, low, high)
+
+
+def test_a_hot_cache_of_int32_max_rows_is_refused_as_vllm_does(ops: Any) -> None:
+    """vLLM checks ``hot_rows < INT32_MAX`` (hisparse_kernels.cu:1097); an expanded view costs no memory."""
+    row = torch.zeros(1, 1, 16, dtype=torch.uint8)
+    for rows, refused in ((INT32_MAX - 1, False), (INT32_MAX, True)):
+        hot = row.expand(rows, 1, 16)
+        if refused:
+            with pytest.raises(InvalidArgumentError, match=rf"^hot_cache is {INT32_MAX} rows; expected fewer than "
+                               rf"{INT32_MAX} rows"):
+                _try(ops, 1, hot)
+            assert _LAST["after"] == _LAST["before"]
+        else:  # past the row bound, the next bound is the attention stride's: 2**31 - 2 one-row blocks allow 1
+            with pytest.raises(ScalarRangeError, match=r"^attention_block_stride is 4; expected an int in \[1, 1\]"):
+                _try(ops, 1, hot)
