@@ -12,6 +12,8 @@ __all__ = [
     "BackendUnavailableError",
     "InvalidArgumentError",
     "InvalidDescriptorError",
+    "ScalarRangeError",
+    "ResourceExhaustedError",
     "UnionOverflowError",
     "UnpinError",
     "UnknownTableError",
@@ -51,6 +53,18 @@ class InvalidDescriptorError(InvalidArgumentError):
     def __init__(self, message: str, index: int | None = None) -> None:
         super().__init__(message)
         self.index = index
+
+
+class ScalarRangeError(InvalidArgumentError):
+    """An integer argument (a cache op's scalar, say) is a Python int outside what the arithmetic that uses it
+    can hold. ``argument`` names it, ``value`` is what was passed, ``low``/``high`` the inclusive bounds."""
+
+    def __init__(self, argument: str, value: int, low: int, high: int, why: str) -> None:
+        super().__init__(f"{argument} is {value}; expected an int in [{low}, {high}]{why}")
+        self.argument = argument
+        self.value = value
+        self.low = low
+        self.high = high
 
 
 class UnpinError(InvalidArgumentError, RuntimeError):
@@ -131,6 +145,14 @@ class DeviceRuntimeError(HalError, RuntimeError):
 
 class EventTimeoutError(HalError, TimeoutError):
     """A wait on an interprocess event did not complete within its bound."""
+
+
+class ResourceExhaustedError(HalError, OSError):
+    """The system refused a resource (file descriptors, space in the shared-memory directory) that an
+    operation needed; nothing was left half-made. ``errno`` is the system's code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code, message)
 
 
 class PeerLostError(EventTimeoutError):

@@ -15,12 +15,15 @@ import dataclasses
 
 import torch
 
-from hisparse_hal.errors import InvalidArgumentError
+from hisparse_hal.errors import InvalidArgumentError, ScalarRangeError
 
 from . import tables as table_registry
 
 __all__ = [
+    "INT32_MAX",
+    "INT64_MAX",
     "MAX_HOT_SLOTS",
+    "attention_stride_bound",
     "GatherInputs",
     "InvalidateInputs",
     "ResolveInputs",
@@ -35,6 +38,14 @@ __all__ = [
 #: Slots are int16 in ``lru_slots``, so a hot region holds at most 2**15 of them (vLLM 0.34.0 checks the same,
 #: ``hisparse_kernels.cu:1014-1260``).
 MAX_HOT_SLOTS = 1 << 15
+#: Bounds of the scalars' arithmetic. Every integer scalar of the four ops is the schema's ``int``, an ``int64_t``
+#: in the C++ op (``torch_bindings.cpp:1071-1101``, ``hisparse_kernels.cu:1022-1034, 952-953``); the resolve
+#: kernel then narrows ``max_union_rows``, ``source_block_size`` and ``resident_block_size`` to ``int32_t``
+#: (``hisparse_kernels.cu:1327-1331``) and computes rows and attention indices in ``int32_t``.
+INT64_MAX = (1 << 63) - 1
+INT32_MAX = (1 << 31) - 1
+#: Why a scalar the call does not use is still bounded: it crosses the op boundary as an int64 size or stride.
+_UNUSED = " (the schema's int64_t; sizes and strides are never negative)"
 _ROW_ALIGN = 16
 _I32 = torch.int32
 
@@ -59,12 +70,16 @@ def _optional(name: str, value: object) -> torch.Tensor | None:
     return value
 
 
-def _int(name: str, value: object, low: int | None = None, high: int | None = None, why: str = "") -> int:
+def _int(name: str, value: object, low: int = 0, high: int = INT64_MAX, why: str = _UNUSED) -> int:
+    """``value`` as a Python int in ``[low, high]`` (bool, float, NaN and other types refused).
+
+    Raises:
+        InvalidArgumentError: not an int. ScalarRangeError: outside ``[low, high]`` (naming both bounds).
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(name, f"{type(value).__name__} {value!r:.60}", "a Python int")
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"in [{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
-        raise _fail(name, str(value), f"an int {bounds}{why}")
+    if not low <= value <= high:
+        raise ScalarRangeError(name, value, low, high, why)
     return value
 
 
@@ -144,8 +159,8 @@ def _hot_cache(hot_cache: object, device: torch.device) -> tuple[torch.Tensor, i
     if block_size <= 0:
         raise _fail("hot_cache", _describe(hot), "a positive block size (dimension 1)")
     rows = hot.size(0) * block_size
-    if rows >= 1 << 31:
-        raise _fail("hot_cache", f"{rows} rows", "fewer than 2**31 rows (physical rows are int32)")
+    if rows >= INT32_MAX:  # vLLM: hot_rows < INT32_MAX (hisparse_kernels.cu:1097); physical rows are int32
+        raise _fail("hot_cache", f"{rows} rows", f"fewer than {INT32_MAX} rows (physical rows are int32)")
     return hot, block_size
 
 
@@ -322,16 +337,33 @@ def _check_stats(stats: object, device: torch.device) -> torch.Tensor | None:
     return counters
 
 
+def attention_stride_bound(hot_blocks: int, block_size: int) -> int:
+    """The largest ``attention_block_stride`` whose attention indices fit int32 for a hot cache of ``hot_blocks``
+    blocks of ``block_size`` rows.
+
+    The kernel writes ``block_div(row, block) * stride + block_mod(row, block)`` into the int32
+    ``attention_indices`` (``hisparse_kernels.cu:188-199``); a hot row is below ``hot_blocks * block_size``, so
+    the largest index is ``(hot_blocks - 1) * stride + block_size - 1``. One block: only the offset remains.
+    Since ``hot_rows < 2**31`` (``hisparse_kernels.cu:1097``) the bound is never below ``block_size``.
+    """
+    if hot_blocks <= 1:
+        return INT64_MAX
+    return (INT32_MAX - (block_size - 1)) // (hot_blocks - 1)
+
+
 def _check_attention(attention_indices: object, attention_block_stride: object, shape: tuple[int, int],
-                     block_size: int, device: torch.device) -> torch.Tensor | None:
-    """``attention_indices`` (row-strided int32 like ``global_indices``) and its block stride."""
+                     hot: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """``attention_indices`` (row-strided int32 like ``global_indices``) and its block stride: at least the hot
+    block size (``hisparse_kernels.cu:1244``), at most :func:`attention_stride_bound`."""
     _int("attention_block_stride", attention_block_stride)
     attention = _optional("attention_indices", attention_indices)
     if attention is not None:
         _int32_matrix("attention_indices", attention, device, shape)
         _unit_last_stride("attention_indices", attention)
-        _int("attention_block_stride", attention_block_stride, block_size, None,
-             f" (at least the hot block size {block_size} when attention_indices is given)")
+        blocks, block_size = hot.size(0), hot.size(1)
+        _int("attention_block_stride", attention_block_stride, block_size, attention_stride_bound(blocks, block_size),
+             f" when attention_indices is given: at least the hot block size {block_size}, and small enough that "
+             f"the last of {blocks} hot blocks' attention indices fit int32 (hisparse_kernels.cu:188-199)")
     return attention
 
 
@@ -353,7 +385,10 @@ def _check_sources(request_ids: object, source_block_table: object, source_block
             raise _fail("request_ids", _describe(requests), f"at least {num_rows} elements (one per row)")
         _int32_matrix("source_block_table", source, device, None)
         _unit_last_stride("source_block_table", source)
-        _int("source_block_size", source_block_size, 1, None, " when source_block_table is given")
+        # int32 in the kernel: token / size, token % size and block * size + offset (hisparse_kernels.cu:217-238,
+        # narrowed at 1329). Below 2**31 our int64 arithmetic (block * size + offset < 2**62) cannot wrap either.
+        _int("source_block_size", source_block_size, 1, INT32_MAX,
+             " when source_block_table is given (the kernel narrows it to int32, hisparse_kernels.cu:1329)")
     return requests, source
 
 
@@ -419,7 +454,7 @@ def _check_resident(resident_block_table: object, resident_block_size: object, h
         _int32_matrix("resident_block_table", resident, device, None)
         _unit_last_stride("resident_block_table", resident)
         _int("resident_block_size", resident_block_size, block_size, block_size,
-             " (the hot block size, when resident_block_table is given)")
+             " (the hot block size, when resident_block_table is given; hisparse_kernels.cu:1159)")
     return resident
 
 
@@ -489,7 +524,7 @@ def check_resolve_residency(
         raise _fail("device_global_indices", f"{num_states} state rows",
                     f"at least {num_rows} (one per batch row) when request_state_indices is None")
     counters = _check_stats(stats, device)
-    attention = _check_attention(attention_indices, attention_block_stride, (num_rows, top_k), block_size, device)
+    attention = _check_attention(attention_indices, attention_block_stride, (num_rows, top_k), hot, device)
     requests, source = _check_sources(request_ids, source_block_table, source_block_size, num_rows, device)
     needed_rows = source.size(0) if source is not None else num_rows
     table = _check_hot_table(hot_block_table, needed_rows, hot_size, block_size, device)
@@ -498,8 +533,9 @@ def check_resolve_residency(
                                  (num_rows, top_k), device)
     resident = _check_resident(resident_block_table, resident_block_size, source is not None, block_size, device)
     valid_rows = _check_valid_rows(num_valid_rows, requests is not None, device)
-    if num_rows and top_k:
-        _int("max_union_rows", max_union_rows, 1, hot_size, f" (1 to the {hot_size} hot slots)")
+    if num_rows and top_k:  # narrowed to int32 at hisparse_kernels.cu:1327; hot_size <= 2**15 keeps it exact
+        _int("max_union_rows", max_union_rows, 1, hot_size,
+             f" (1 to the {hot_size} hot slots, hisparse_kernels.cu:1254)")
     else:
         _int("max_union_rows", max_union_rows)
     assert isinstance(region_stride, int) and isinstance(max_union_rows, int)
@@ -608,8 +644,10 @@ def check_invalidate_written_slots(
     if slots.numel() != tokens.numel():
         raise _fail("written_slots", _describe(slots),
                     f"{tokens.numel()} elements, one per entry of req_id_per_token")
-    rows = _int("num_state_rows", num_state_rows, 0, None)
-    width = _int("region_stride", region_stride, 0, MAX_HOT_SLOTS)
+    # int64_t in the kernel, compared with int32 state indices; ``state * region_stride`` < 2**46 (cu:902-916).
+    rows = _int("num_state_rows", num_state_rows)
+    width = _int("region_stride", region_stride, 0, MAX_HOT_SLOTS,
+                 f" (a state row's hot slots; at most {MAX_HOT_SLOTS}, the int16 LRU slots' range)")
     candidates = tuple(t for t in table_registry.registered_tables()
                        if tuple(t.shape) == (rows, width) and t.device == device)
     return InvalidateInputs(pointers, states, tokens, slots, rows, width, candidates,

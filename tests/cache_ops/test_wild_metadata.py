@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from hisparse_hal.cache_ops import host_impl, oracle, tables, torch_impl
+from hisparse_hal.cache_ops.arguments import attention_stride_bound
 from hisparse_hal.errors import UnionOverflowError
 
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
@@ -84,7 +85,9 @@ def _resolve_case(seed: int) -> dict[str, Any]:
         "request_state_indices": _i32(rng, (request_rows,), num_states) if rng.random() < 0.8 else None,
         "region_stride": hot_size,
         "max_union_rows": rng.randint(1, hot_size) if rng.random() < 0.85 else 1,
-        "attention_block_stride": rng.choice([block, block + 3, I32_MAX]),
+        # the largest stride whose attention indices fit int32 (arguments.attention_stride_bound)
+        "attention_block_stride": rng.choice([block, block + 3,
+                                              min(attention_stride_bound(hot_blocks, block), I32_MAX)]),
         "stats": torch.tensor([rng.randint(-(1 << 63), (1 << 63) - 1) for _ in range(2)]).view(torch.uint64),
     }
     if translated:

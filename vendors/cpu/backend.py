@@ -9,7 +9,6 @@ member returns, its bytes have moved (outside a capture).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +18,7 @@ from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.cache_ops.selection import with_cache_ops
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import InvalidArgumentError, InvalidDescriptorError
-from hisparse_hal.events import HalEvent
+from hisparse_hal.events import HalEvent, check_timeout_s
 from hisparse_hal.gather import check_row_ids, gather_rows
 from hisparse_hal.regions import Region, SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
@@ -60,12 +59,9 @@ class CpuBackend(HiSparseBackend):
 
     def __init__(self, *, event_timeout_s: float | None = None) -> None:
         super().__init__()
-        if event_timeout_s is None:
-            event_timeout_s = event_timeout_s_from_env()
-        elif not (isinstance(event_timeout_s, (int, float)) and 0 < event_timeout_s < math.inf):
-            raise InvalidArgumentError(f"event_timeout_s must be a positive, finite number, got {event_timeout_s!r}")
         #: Bound of every IPC event wait, in seconds (events copy it at creation or import).
-        self.event_timeout_s = float(event_timeout_s)
+        self.event_timeout_s = (event_timeout_s_from_env() if event_timeout_s is None
+                                else check_timeout_s(event_timeout_s, "event_timeout_s"))
         self.page_locker = PageLocker()
         #: How the last executed swap was moved (vectorized / memmove), for tests and benchmarks.
         self.last_swap: SwapMoveReport | None = None

@@ -1,8 +1,10 @@
 """Interprocess events of the CPU reference device: a small record in a shared-memory file.
 
 The record holds two counters, records issued and records completed, read and written only under a
-POSIX byte-range lock on the file. The kernel's lock hand-off orders memory (unlock releases, lock
-acquires), so bytes written before ``record()`` are visible to a process whose ``wait()`` returned. The
+byte-range lock on the file: an open-file-description lock where the kernel has them (Linux 3.15+), so two
+imports of one event in one process exclude each other too, else (and in a child forked with the event) a
+POSIX ``lockf`` lock serialized within the process per file. The kernel's lock hand-off orders memory (unlock
+releases, lock acquires), so bytes written before ``record()`` are visible to a process whose ``wait()`` returned. The
 exporter holds a shared ``flock`` on the file while its event lives; an importer that can take that
 lock exclusively knows the exporter exited or closed the event, so no wait can hang on it, and removes
 the file a killed exporter left behind; ``create_event`` sweeps any such file no importer touched.
@@ -15,9 +17,9 @@ import errno
 import fcntl
 import json
 import logging
-import math
 import os
 import re
+import stat
 import struct
 import tempfile
 import threading
@@ -28,7 +30,8 @@ from collections.abc import Iterator
 
 import torch
 
-from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError
+from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError, PeerLostError, ResourceExhaustedError
+from hisparse_hal.events import DEFAULT_TIMEOUT, WaitDefault, check_timeout_s, wait_bound
 from hisparse_hal.settings import EVENT_TIMEOUT_ENV
 
 from .delayed_work import DelayedWork
@@ -48,6 +51,10 @@ _COUNTERS = struct.Struct("<QQ")  # records issued, records completed
 _COUNTERS_AT = _HEADER.size
 #: How often a waiting importer checks that the exporter still holds the event.
 LIVENESS_PERIOD_S = 0.05
+#: Longest handle :func:`import_event` decodes (an exported one is about 250 bytes).
+MAX_HANDLE_BYTES = 4096
+#: The system running out of something an event needs: descriptors, space or inodes in the directory, memory.
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.ENOLCK})
 
 #: Identifies this process in handles (a pid alone collides across PID namespaces); renewed on fork.
 _process_token = uuid.uuid4().hex
@@ -66,22 +73,84 @@ def _event_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
+#: ``struct flock`` (l_type, l_whence, l_start, l_len, l_pid, padding) for ``fcntl``'s OFD lock commands.
+_FLOCK = struct.Struct("hhqqi4x")
+_OFD_TYPES = {fcntl.LOCK_SH: fcntl.F_RDLCK, fcntl.LOCK_EX: fcntl.F_WRLCK, fcntl.LOCK_UN: fcntl.F_UNLCK}
+_ofd_locks: bool | None = None  # decided once per process, by the first record (never mixed: see _uses_ofd)
+
+
+def _uses_ofd(fd: int) -> bool:
+    """Whether this process locks counters with open-file-description locks (``F_OFD_SETLKW``).
+
+    POSIX ``lockf`` locks belong to the process: a second import of one event in the same process is granted
+    the lock its first import holds, and closing any descriptor of the file drops them all (fcntl(2)). OFD
+    locks belong to the open file, so neither happens. Decided once, by querying the kernel, because OFD and
+    ``lockf`` locks conflict even within one process.
+    """
+    global _ofd_locks
+    if _ofd_locks is None:
+        command = getattr(fcntl, "F_OFD_GETLK", None)
+        try:
+            if command is not None:
+                fcntl.fcntl(fd, command, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, _COUNTERS_AT, _COUNTERS.size, 0))
+        except OSError:
+            command = None  # a kernel before 3.15 (EINVAL)
+        _ofd_locks = command is not None
+    return _ofd_locks
+
+
+class _FileLock:
+    """Serializes this process's ``lockf`` sections and closes on one file (``lockf`` fallback only)."""
+
+    def __init__(self) -> None:
+        # Reentrant: a finalizer that closes another descriptor of the file may run inside a section (GC).
+        self.lock = threading.RLock()
+
+
+_file_locks: weakref.WeakValueDictionary[tuple[int, int], _FileLock] = weakref.WeakValueDictionary()
+_file_locks_guard = threading.Lock()
+
+
+def _file_lock(fd: int) -> _FileLock | None:
+    """The process-wide lock of ``fd``'s file under the ``lockf`` fallback; None with OFD locks."""
+    if _uses_ofd(fd):
+        return None
+    stat = os.fstat(fd)
+    with _file_locks_guard:
+        lock = _file_locks.get((stat.st_dev, stat.st_ino))
+        if lock is None:
+            lock = _file_locks[(stat.st_dev, stat.st_ino)] = _FileLock()
+        return lock
+
+
 class _Record:
     """The open file of one event and its locked counter operations."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        # POSIX record locks exclude other processes only; threads of this process take this one too.
+        # Byte-range locks never exclude the same lock owner: threads sharing this descriptor take this first.
         self._threads = threading.Lock()
+        #: The ``lockf`` fallback's per-file lock, shared by every record of the file in this process.
+        self.file_lock = _file_lock(fd)
+        self._pid = os.getpid()
+
+    def _lock_range(self, kind: int) -> None:
+        # A child forked with this record shares its open file description, so the parent's OFD lock would be
+        # the child's too: the child locks with lockf, which conflicts with OFD locks (fcntl(2)).
+        if self.file_lock is None and self._pid == os.getpid():
+            flock = _FLOCK.pack(_OFD_TYPES[kind], os.SEEK_SET, _COUNTERS_AT, _COUNTERS.size, 0)
+            fcntl.fcntl(self.fd, fcntl.F_OFD_SETLKW, flock)
+        else:
+            fcntl.lockf(self.fd, kind, _COUNTERS.size, _COUNTERS_AT)
 
     @contextlib.contextmanager
     def _locked(self, kind: int) -> Iterator[None]:
-        with self._threads:
-            fcntl.lockf(self.fd, kind, _COUNTERS.size, _COUNTERS_AT)
+        with self._threads, (self.file_lock.lock if self.file_lock is not None else contextlib.nullcontext()):
+            self._lock_range(kind)
             try:
                 yield
             finally:
-                fcntl.lockf(self.fd, fcntl.LOCK_UN, _COUNTERS.size, _COUNTERS_AT)
+                self._lock_range(fcntl.LOCK_UN)
 
     def read(self) -> tuple[int, int]:
         with self._locked(fcntl.LOCK_SH):
@@ -112,15 +181,21 @@ class _Record:
         return False
 
 
-def _release(fd: int, path: str | None, owner_pid: int) -> None:
+def _release(fd: int, path: str | None, owner_pid: int, file_lock: _FileLock | None) -> None:
     """Finalizer: the exporter unlinks the file (importers keep their open descriptors); all close.
-    A forked child that inherited the exporter's event only closes its copy of the descriptor."""
+    A forked child that inherited the exporter's event only closes its copy of the descriptor. Under the
+    ``lockf`` fallback the close waits for this process's sections on the file (it would drop their lock)."""
     if path is not None and os.getpid() == owner_pid:
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
-    os.close(fd)
+    _close(fd, file_lock)
+
+
+def _close(fd: int, file_lock: _FileLock | None) -> None:
+    with file_lock.lock if file_lock is not None else contextlib.nullcontext():
+        os.close(fd)
 
 
 class CpuIpcEvent(torch.Event):
@@ -140,7 +215,8 @@ class CpuIpcEvent(torch.Event):
         name: the shared file's name (``hisparse-hal-event-<uuid4>``).
         creator_pid: pid of the exporting process (for messages).
         owner: True in the process that created (and exports) the event.
-        timeout_s: bound of every wait, in seconds.
+        timeout_s: bound of ``wait`` and of ``synchronize()`` without a timeout, in seconds (positive and
+            finite: setting anything else raises ``InvalidArgumentError``).
         handle: the picklable bytes that :func:`import_event` opens.
     """
 
@@ -153,7 +229,7 @@ class CpuIpcEvent(torch.Event):
         self.name = name
         self.creator_pid = creator_pid
         self.owner = owner
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # checked by the property's setter
         self.handle = json.dumps({
             "kind": HANDLE_KIND, "version": HANDLE_VERSION, "dir": directory, "name": name,
             "token": token, "pid": creator_pid, "process": creator_process,
@@ -161,7 +237,17 @@ class CpuIpcEvent(torch.Event):
         self._path = os.path.join(directory, name)
         #: The backend's delayed host work (set by CpuBackend), which a record completes behind.
         self.host_work: DelayedWork | None = None
-        self._finalizer = weakref.finalize(self, _release, fd, self._path if owner else None, os.getpid())
+        self._finalizer = weakref.finalize(self, _release, fd, self._path if owner else None, os.getpid(),
+                                           self._record.file_lock)
+
+    @property
+    def timeout_s(self) -> float:
+        """Bound of every wait without its own timeout, in seconds."""
+        return self._timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        self._timeout_s = check_timeout_s(value, "CPU IPC event timeout_s")
 
     def __repr__(self) -> str:
         role = "exporter" if self.owner else f"imported from pid {self.creator_pid}"
@@ -213,10 +299,17 @@ class CpuIpcEvent(torch.Event):
         self._usable("wait", stream)
         self._wait_for(self._record.read()[0], "wait", self.timeout_s)
 
-    def synchronize(self, timeout: float | None = None) -> None:
-        """Like :meth:`wait`, bounded by ``timeout`` seconds when given (else ``timeout_s``)."""
+    def synchronize(self, timeout: float | None | WaitDefault = DEFAULT_TIMEOUT) -> None:
+        """Like :meth:`wait`, bounded by ``timeout`` seconds: ``timeout_s`` when omitted, no bound when ``None``
+        (the only infinite wait; a lost exporter still ends it with ``PeerLostError``).
+
+        Raises:
+            InvalidArgumentError: ``timeout`` is NaN, infinite, zero or negative, a bool or not a number
+                (checked before anything is read). Others as :meth:`wait`.
+        """
+        bound = wait_bound(timeout, self.timeout_s)
         self._usable("synchronize", None)
-        self._wait_for(self._record.read()[0], "synchronize", self.timeout_s if timeout is None else timeout)
+        self._wait_for(self._record.read()[0], "synchronize", bound)
 
     def _issue_pending(self) -> int:
         """Issue a record without completing it: an in-flight record, as a GPU stream has while its
@@ -277,38 +370,62 @@ def create_event(timeout_s: float) -> CpuIpcEvent:
     """Create an exportable event owned by this process (its shared file lives until it is closed).
 
     Raises:
-        InvalidArgumentError: ``timeout_s`` is not positive.
+        InvalidArgumentError: ``timeout_s`` is not a positive, finite number.
+        ResourceExhaustedError: no file descriptor (``EMFILE``/``ENFILE``), space or inode (``ENOSPC``), quota,
+            memory or lock left; no file is left behind.
     """
-    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0 and math.isfinite(timeout_s)):
-        raise InvalidArgumentError(f"event timeout must be a positive, finite number of seconds, got {timeout_s!r}")
+    timeout_s = check_timeout_s(timeout_s, "event timeout_s")
     directory = _event_dir()
     sweep_stale_events(directory)
     name = NAME_PREFIX + uuid.uuid4().hex
     token = uuid.uuid4().hex
-    fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    path = os.path.join(directory, name)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise _exhausted_or_raw(exc, f"create_ipc_event: could not create {path}") from exc
     try:
         # Locked before the header is written: a sweeper that wins the lock first sees an empty file
         # and leaves it alone, and once the header exists the lock is held.
         fcntl.flock(fd, fcntl.LOCK_SH)  # held while the event lives: the importers' liveness signal
-        os.pwrite(fd, _HEADER.pack(_MAGIC, bytes.fromhex(token), os.getpid()) + _COUNTERS.pack(0, 0), 0)
-    except BaseException:
+        written = os.pwrite(fd, _HEADER.pack(_MAGIC, bytes.fromhex(token), os.getpid()) + _COUNTERS.pack(0, 0), 0)
+        if written != _HEADER.size + _COUNTERS.size:
+            raise OSError(errno.ENOSPC, f"wrote {written} of {_HEADER.size + _COUNTERS.size} bytes")
+    except BaseException as exc:
         os.close(fd)
-        os.unlink(os.path.join(directory, name))
+        os.unlink(path)
+        if isinstance(exc, OSError):
+            raise _exhausted_or_raw(exc, f"create_ipc_event: could not write {path}") from exc
         raise
-    return CpuIpcEvent(fd, directory, name, token, os.getpid(), _process_token, True, float(timeout_s))
+    return CpuIpcEvent(fd, directory, name, token, os.getpid(), _process_token, True, timeout_s)
+
+
+def _exhausted_or_raw(exc: OSError, what: str) -> OSError:
+    """``exc`` as :class:`ResourceExhaustedError` when the system ran out of something (else unchanged)."""
+    if exc.errno not in _EXHAUSTED:
+        return exc
+    return ResourceExhaustedError(
+        exc.errno, f"{what}: {os.strerror(exc.errno)}; nothing was left behind. Close unused events or files, "
+        f"raise the open-file limit (ulimit -n) or free space in {_event_dir()}",
+    )
 
 
 def _parse_handle(handle: object) -> dict:
     if not isinstance(handle, (bytes, bytearray, memoryview)):
         raise InvalidArgumentError(f"import_event: handle must be bytes from export_event, got {type(handle).__name__}")
     raw = bytes(handle)
+    if len(raw) > MAX_HANDLE_BYTES:
+        raise InvalidArgumentError(
+            f"import_event: {len(raw)}-byte handle is longer than any CPU IPC event handle (at most "
+            f"{MAX_HANDLE_BYTES} bytes)"
+        )
     if raw.startswith(b"HSHALEV1"):
         raise InvalidArgumentError(
             "import_event: this handle comes from a GPU backend's export_event, not the CPU device's"
         )
     try:
         fields = json.loads(raw.decode())
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: deeply nested text
         raise InvalidArgumentError(
             f"import_event: {len(raw)}-byte handle is not a CPU IPC event handle (could not decode it: {exc})"
         ) from None
@@ -339,10 +456,14 @@ def import_event(handle: object, timeout_s: float) -> CpuIpcEvent:
     """Open an event exported by another process.
 
     Raises:
-        InvalidArgumentError: not a CPU event handle (naming what is wrong); a handle exported by this
-            same process (CUDA and HIP refuse same-process opens, ROCm hip #2882: use the original
-            event); an event that no longer exists or whose exporter exited.
+        InvalidArgumentError: not a CPU event handle (naming what is wrong: over ``MAX_HANDLE_BYTES``, not
+            JSON or nested too deeply, a field missing); one naming a directory, FIFO, device, symbolic link
+            or anything but this user's regular file (opened without blocking or following links); a handle
+            exported by this same process (CUDA and HIP refuse same-process opens, ROCm hip #2882: use the
+            original event); an event that no longer exists or whose exporter exited; a bad ``timeout_s``.
+        ResourceExhaustedError: no file descriptor left to open it.
     """
+    timeout_s = check_timeout_s(timeout_s, "event timeout_s")
     fields = _parse_handle(handle)
     if fields["process"] == _process_token:
         raise InvalidArgumentError(
@@ -351,12 +472,18 @@ def import_event(handle: object, timeout_s: float) -> CpuIpcEvent:
         )
     path = os.path.join(fields["dir"], fields["name"])
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = _open_event_file(path)
     except FileNotFoundError:
         raise InvalidArgumentError(
             f"import_event: event {fields['name']} (exported by pid {fields['pid']}) no longer exists: its "
             "exporter closed it or exited. An exported event must outlive every importer's use"
         ) from None
+    except OSError as exc:
+        if exc.errno in _EXHAUSTED:
+            raise _exhausted_or_raw(exc, f"import_event: could not open {path}") from exc
+        reason = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+        raise InvalidArgumentError(f"import_event: the handle names {path}, which is not a CPU IPC event file "
+                                   f"({reason})") from None
     try:
         header = os.pread(fd, _HEADER.size, 0)
         if len(header) < _HEADER.size or _HEADER.unpack(header)[:2] != (_MAGIC, bytes.fromhex(fields["token"])):
@@ -368,10 +495,32 @@ def import_event(handle: object, timeout_s: float) -> CpuIpcEvent:
                 "closed it; an exported event must outlive every importer's use"
             )
     except BaseException:
-        os.close(fd)
+        _close(fd, _file_lock(fd))
         raise
     return CpuIpcEvent(fd, fields["dir"], fields["name"], fields["token"], fields["pid"], fields["process"],
-                       False, float(timeout_s))
+                       False, timeout_s)
+
+
+def _open_event_file(path: str) -> int:
+    """Open ``path`` read-write if it is a regular file of this user: never through a symbolic link (``/proc``
+    files), never blocking (a FIFO), never a directory or device.
+
+    Raises:
+        OSError: the open failed (``ENOENT``, ``ELOOP`` for a link, ``EISDIR``, ``EMFILE``, ...) or, for what
+            opened but is no event file, ``EINVAL`` naming its kind.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    info = os.fstat(fd)
+    if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+        return fd
+    os.close(fd)
+    kind = "a regular file of another user" if stat.S_ISREG(info.st_mode) else _KINDS.get(
+        stat.S_IFMT(info.st_mode), "not a regular file")
+    raise OSError(errno.EINVAL, kind)
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
 
 
 def _unlink_stale(path: str) -> None:
@@ -403,9 +552,9 @@ def sweep_stale_events(directory: str | None = None) -> list[str]:
     for name in names:
         path = os.path.join(directory, name)
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = _open_event_file(path)
         except OSError:
-            continue  # gone already, or another user's
+            continue  # gone already, another user's, or no event file (a directory, FIFO or link: left alone)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -415,7 +564,7 @@ def sweep_stale_events(directory: str | None = None) -> list[str]:
                 _unlink_stale(path)
                 removed.append(name)
         finally:
-            os.close(fd)
+            _close(fd, _file_lock(fd))
     if removed:
         log.info("removed %d CPU IPC event file(s) left by exporters that exited: %s", len(removed), ", ".join(removed))
     return removed

@@ -24,7 +24,7 @@ from hisparse_hal.errors import (
     InvalidArgumentError,
     UnsupportedCapabilityError,
 )
-from hisparse_hal.events import HalEvent
+from hisparse_hal.events import HalEvent, check_timeout_s
 from hisparse_hal.gather import gather_rows, new_fault_record, raise_recorded_fault
 from hisparse_hal.regions import SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
@@ -84,7 +84,8 @@ class TorchGpuBackend(HiSparseBackend):
         self.runtime = runtime
         self.device_index = device_index
         self._device = device if device is not None else torch.device("cuda", device_index)
-        self.event_timeout_s = event_timeout_s if event_timeout_s is not None else event_timeout_s_from_env()
+        self.event_timeout_s = (event_timeout_s_from_env() if event_timeout_s is None
+                                else check_timeout_s(event_timeout_s, "event_timeout_s"))
         self._batch_copy_mode = "auto"
         #: The copy path of the last swap: ``"batch"`` or ``"loop"`` (for tests, benchmarks, logs).
         self.last_swap_path: str | None = None

@@ -16,6 +16,7 @@ from typing import cast
 import torch
 
 from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError
+from hisparse_hal.events import DEFAULT_TIMEOUT, WaitDefault, check_timeout_s, wait_bound
 
 __all__ = ["IPC_EVENT_HANDLE_BYTES", "GpuIpcEvent", "encode_event_handle", "decode_event_handle"]
 
@@ -66,14 +67,24 @@ def decode_event_handle(data: object) -> tuple[bool, int, bytes]:
 class GpuIpcEvent:
     """An interprocess ``torch.cuda.Event`` with a bounded ``synchronize``.
 
-    ``torch_event`` is the wrapped event; ``record``/``wait``/``query`` forward to it.
+    ``torch_event`` is the wrapped event; ``record``/``wait``/``query`` forward to it. ``timeout_s`` bounds
+    ``synchronize()`` without a timeout (positive and finite: anything else raises ``InvalidArgumentError``).
     """
 
     def __init__(self, torch_event: torch.cuda.Event, device_index: int, timeout_s: float, imported: bool) -> None:
         self.torch_event = torch_event
         self.device_index = device_index
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # checked by the property's setter
         self.imported = imported
+
+    @property
+    def timeout_s(self) -> float:
+        """Bound of ``synchronize()`` without its own timeout, in seconds."""
+        return self._timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        self._timeout_s = check_timeout_s(value, "GPU IPC event timeout_s")
 
     def record(self, stream: object | None = None) -> None:
         """Record on ``stream`` (the current stream when None)."""
@@ -88,13 +99,16 @@ class GpuIpcEvent:
         """True when the work recorded before the event has completed."""
         return bool(self.torch_event.query())
 
-    def synchronize(self, timeout: float | None = None) -> None:
-        """Block until the event completes, at most ``timeout`` seconds (default ``timeout_s``).
+    def synchronize(self, timeout: float | None | WaitDefault = DEFAULT_TIMEOUT) -> None:
+        """Block until the event completes, at most ``timeout`` seconds: ``timeout_s`` when omitted, no bound
+        when ``None`` (the only infinite wait: a peer that never records then hangs it).
 
         Raises:
+            InvalidArgumentError: ``timeout`` is NaN, infinite, zero or negative, a bool or not a number
+                (checked before the event is queried).
             EventTimeoutError: the event did not complete in time.
         """
-        bound = self.timeout_s if timeout is None else timeout
+        bound = wait_bound(timeout, self.timeout_s)
         deadline = time.monotonic() + bound
         pause = 1e-5
         while not self.query():

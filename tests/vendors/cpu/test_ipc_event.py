@@ -7,6 +7,7 @@ with timeouts, and pytest-timeout bounds each test.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import pickle
@@ -277,8 +278,80 @@ def test_event_timeout_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("HISPARSE_HAL_EVENT_TIMEOUT_S", "inf")
     with pytest.raises(InvalidArgumentError, match="finite number of seconds, got 'inf'"):
         CpuBackend()
-    with pytest.raises(InvalidArgumentError, match="event_timeout_s must be a positive, finite number, got 0"):
-        CpuBackend(event_timeout_s=0)
+    bad: object
+    for bad in (0, math.nan, math.inf, -1, True, "5"):
+        with pytest.raises(InvalidArgumentError,
+                           match=rf"^event_timeout_s must be a positive, finite number of seconds, got {bad!r}$"):
+            CpuBackend(event_timeout_s=bad)  # type: ignore[arg-type]  # wrong on purpose
+
+
+# ----------------------------------------------------------------------------- per-call timeouts (issue 30 item 4)
+BAD_TIMEOUTS = [math.nan, math.inf, -math.inf, -1, 0, True, "0.1", [0.1]]
+
+
+def _in_daemon(call) -> tuple[threading.Thread, list]:
+    """Run ``call`` in a daemon thread (a wait that never returns cannot hang the run); its outcome in the list."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append("returned")
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize("bad", BAD_TIMEOUTS, ids=repr)
+def test_synchronize_refuses_a_bad_timeout_naming_it_before_waiting(event, bad):
+    """``synchronize(float("nan"))`` used to spin for ever on a pending record; ``inf`` was taken as a bound."""
+    event._issue_pending()
+    before = event._record.read()
+    thread, outcome = _in_daemon(lambda: event.synchronize(bad))
+    thread.join(30)
+    assert not thread.is_alive(), f"synchronize({bad!r}) is still waiting"
+    assert isinstance(outcome[0], InvalidArgumentError), outcome
+    assert str(outcome[0]) == (f"timeout must be a positive, finite number of seconds, got {bad!r}; pass None to "
+                               "wait without a bound")
+    assert event._record.read() == before == (1, 0)
+
+
+def test_synchronize_none_waits_without_a_bound_until_the_record_completes(event):
+    event.timeout_s = 0.01  # the default bound, which None must not apply
+    event._issue_pending()
+    thread, outcome = _in_daemon(lambda: event.synchronize(None))
+    thread.join(0.5)  # 50 times the default bound: a bounded wait would have raised by now
+    assert thread.is_alive() and outcome == []
+    event.record()  # completes record #2 and everything before it
+    thread.join(30)
+    assert outcome == ["returned"]
+    with pytest.raises(EventTimeoutError, match="timed out after 0.01 s"):  # omitted: the event's own bound
+        event._issue_pending()
+        event.synchronize()
+
+
+@pytest.mark.parametrize("bad", BAD_TIMEOUTS, ids=repr)
+def test_an_events_timeout_s_cannot_be_set_to_a_bad_bound(event, bad):
+    event.timeout_s = 2
+    with pytest.raises(InvalidArgumentError,
+                       match=r"^CPU IPC event timeout_s must be a positive, finite number of seconds, got "):
+        event.timeout_s = bad
+    assert event.timeout_s == 2.0
+
+
+@pytest.mark.parametrize("bad", [math.nan, 0, True])
+def test_create_and_import_refuse_a_bad_bound_before_opening_anything(backend, event, bad, tmp_path, monkeypatch):
+    handle = _as_foreign(backend.export_event(event))
+    monkeypatch.setattr(ipc_event, "_event_dir", lambda: str(tmp_path))
+    descriptors = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(InvalidArgumentError, match=rf"^event timeout_s must be a positive, finite .*got {bad!r}$"):
+        ipc_event.create_event(bad)
+    with pytest.raises(InvalidArgumentError, match=rf"^event timeout_s must be a positive, finite .*got {bad!r}$"):
+        ipc_event.import_event(handle, bad)
+    assert os.listdir(tmp_path) == [] and sorted(os.listdir("/proc/self/fd")) == descriptors
 
 
 # ----------------------------------------------------------------------------- across processes

@@ -257,3 +257,10 @@ def test_capture_is_refused_by_capability_before_touching_the_device():
         r"graph capture needs 1\.1 \(example #1\)\)",
     ):
         backend.capture()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0, -2, True, "30"], ids=repr)
+def test_event_timeout_s_is_checked_by_the_constructor(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError,
+                       match=rf"^event_timeout_s must be a positive, finite number of seconds, got {bad!r}$"):
+        TorchGpuBackend(caps(), RecordingRuntime(), 0, device=torch.device("cpu"), event_timeout_s=bad)  # type: ignore[arg-type]

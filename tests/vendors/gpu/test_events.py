@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -70,3 +72,47 @@ def test_event_forwards_record_wait_query_and_synchronize_returns_when_done() ->
     event.wait(None)
     event.synchronize()
     assert torch_event.recorded == ["s1"] and torch_event.waited == [None] and torch_event.queries == 4
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1, 0, True, "0.1"], ids=repr)
+def test_synchronize_refuses_a_bad_timeout_before_querying(bad: object) -> None:
+    """``synchronize(float("nan"))`` used to poll for ever (``monotonic() >= nan`` is never true)."""
+    torch_event = FakeTorchEvent(None)
+    event = GpuIpcEvent(torch_event, 0, 5.0, imported=True)  # type: ignore[arg-type]
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(_raised(event.synchronize, bad)), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), f"synchronize({bad!r}) is still waiting"
+    assert isinstance(outcome[0], InvalidArgumentError)
+    assert str(outcome[0]) == (f"timeout must be a positive, finite number of seconds, got {bad!r}; pass None to "
+                               "wait without a bound")
+    assert torch_event.queries == 0
+
+
+def _raised(call: Any, *args: object) -> BaseException | None:
+    try:
+        call(*args)
+    except BaseException as exc:  # noqa: BLE001 - handed to the test
+        return exc
+    return None
+
+
+def test_synchronize_none_waits_past_the_default_bound_until_done() -> None:
+    torch_event = FakeTorchEvent(200)  # completes at the 201st query
+    event = GpuIpcEvent(torch_event, 0, 1e-6, imported=True)  # type: ignore[arg-type]
+    with pytest.raises(EventTimeoutError):
+        event.synchronize()  # the default: the event's own (tiny) bound
+    torch_event.queries = 0
+    event.synchronize(None)  # no bound: polls until the event completes
+    assert torch_event.queries == 201
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 0, False])
+def test_timeout_s_is_checked_at_construction_and_when_set(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"^GPU IPC event timeout_s must be a positive, finite number"):
+        GpuIpcEvent(FakeTorchEvent(0), 0, bad, imported=False)  # type: ignore[arg-type]
+    event = GpuIpcEvent(FakeTorchEvent(0), 0, 3, imported=False)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=rf"got {bad!r}$"):
+        event.timeout_s = bad  # type: ignore[assignment]
+    assert event.timeout_s == 3.0
