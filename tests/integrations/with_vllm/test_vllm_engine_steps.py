@@ -1,14 +1,15 @@
 """vLLM 0.34.0's engine pieces end to end on hisparse-hal's CPU backend: a DeepSeek-V3.2-shaped model config written
 here (two layers), engine-core KV planning, KV-cache initialisation through our backend, vLLM's ``Scheduler`` with
-its ``HiSparseConnector`` planning spills that the connector worker executes through ``swap_blocks_batch``, decode
-steps at top-k 2048 through ``HiSparseCacheHandle.swap_in``, in bf16 and fp8_ds_mla, and shutdown unpinning.
+its ``HiSparseConnector`` planning spills that the connector worker executes through ``swap_blocks_batch``, then
+speculative verification steps (one draft per request, accepted and rejected in turn, so rejected positions are
+written again) at top-k 2048 through ``HiSparseCacheHandle.swap_in``, in bf16 and fp8_ds_mla, and shutdown unpinning.
 
 Every step is checked against this file's own model of the bytes: token ``t`` of request ``r`` in layer ``l`` holds
-``_row_bytes(l, r, t)``; after each step every written token's host row, every resident page the worker's residency
-table names, and every row attention reads must hold it. The GPU pool is sized so that no request is preempted and
-vLLM keeps every context page resident: attention reads resident pages here, and host-row loads into the hot buffer
-(with speculative rows and host rewrites) are covered at the runtime level by test_vllm_hisparse_runtime.py. What
-stands in for a GPU model runner or model is marked STAND-IN.
+``_row_bytes(l, r, t)`` of its latest write; after each step every written token's host row, every resident page the
+worker's residency table names, every row attention reads, and both ends of every swap descriptor must agree with
+it. The GPU pool is sized so that no request is preempted and vLLM keeps every context page resident: attention
+reads resident pages here; host-row loads into the hot buffer are covered at the runtime level by
+test_vllm_hisparse_runtime.py. What stands in for a GPU model runner, model or drafter is marked STAND-IN.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from vllm.config import (  # noqa: E402
     KVTransferConfig,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
@@ -59,15 +61,15 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     MLAAttentionSpec,
     SparseCacheRole,
 )
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 I32, I64 = torch.int32, torch.int64
 LAYERS, BLOCK, TOP_K, MAX_MODEL_LEN, MAX_SEQS = 2, 64, 2048, 4096, 4
-GPU_BLOCKS, HOST_POOL_GIB = 900, 0.05  # room for every request's hot buffer: no preemption
+GPU_BLOCKS, HOST_POOL_GIB = 1100, 0.05  # room for every request's hot buffer: no preemption
 PROMPTS = {"r0": 2600, "r1": 2300, "r2": 2200}  # longer than top-k: attention selects among host rows
-DECODE_STEPS = 3
+DECODE_STEPS = 4  # verification steps: drafts accepted, rejected, accepted, rejected
 
 #: DeepSeek-V3.2's published attention shape (MLA 512 + 64, indexer 64 heads x 128, top-k 2048), two layers.
 DEEPSEEK_V32 = {
@@ -105,7 +107,8 @@ def _vllm_config(model_dir: Path, cache_dtype: str) -> VllmConfig:
                                          max_num_seqs=MAX_SEQS, max_num_batched_tokens=MAX_MODEL_LEN,
                                          disable_hybrid_kv_cache_manager=False),
         kv_transfer_config=KVTransferConfig(kv_connector="HiSparseConnector", kv_role="kv_both",
-                                            kv_connector_extra_config={"host_pool_gib": HOST_POOL_GIB}))
+                                            kv_connector_extra_config={"host_pool_gib": HOST_POOL_GIB}),
+        speculative_config=SpeculativeConfig(model="ngram", num_speculative_tokens=1))
 
 
 def _layer_specs(cache_dtype: str) -> dict[str, Any]:
@@ -166,7 +169,7 @@ class Engine:
             self.handles.append(handle)
             forward_context[f"model.layers.{layer}.self_attn.attn"] = types.SimpleNamespace(  # STAND-IN: the layer
                 hisparse_cache=handle, is_draft_layer=False, kv_sharing_target_layer_name=None)
-        max_pages = MAX_MODEL_LEN // BLOCK
+        max_pages = 2 * MAX_MODEL_LEN // BLOCK  # the hot group needs device_buffer_size / BLOCK columns
         # STAND-IN for the GPU model runner's BlockTables (vllm/v1/worker/gpu/block_table.py): per group, the
         # batch's block table and this step's slot mapping.
         self.block_tables = types.SimpleNamespace(
@@ -179,14 +182,22 @@ class Engine:
         self.scheduler = Scheduler(vllm_config=config, kv_cache_config=scheduler_config,
                                    structured_output_manager=StructuredOutputManager(config),
                                    block_size=block_size, hash_block_size=hash_block_size)
+        self.versions: dict[str, torch.Tensor] = {}  # per request: how many times each position was written
         self.block_ids: dict[str, list[list[int]]] = {}
         self.computed: dict[str, int] = {}
-        self.swaps = 0
+        self.accept = True  # whether the drafter's token is accepted this step
+        self.last_owners = torch.zeros(0, dtype=I64)  # the batch row of each query row in the last step
 
     # -- the model's view ----------------------------------------------------------------------------------------
     def expected(self, layer: int, request: int, tokens: torch.Tensor) -> torch.Tensor:
-        """The bytes the model says ``tokens`` of ``request`` hold in ``layer``."""
-        return _row_bytes(layer, request, tokens, self.row_bytes)
+        """The bytes the model says ``tokens`` of ``request`` hold in ``layer`` (their latest write)."""
+        versions = self.versions[f"r{request}"][tokens]
+        rows = _row_bytes(layer, request, tokens, self.row_bytes)
+        for version in versions.unique().tolist():
+            if version > 1:
+                hit = versions == version
+                rows[hit] = _row_bytes(layer, request, tokens[hit], self.row_bytes, version - 1)
+        return rows
 
     def host_rows(self, layer: int) -> torch.Tensor:
         return self.kv_caches[f"model.layers.{layer}.self_attn.attn"].view(torch.uint8).reshape(-1, self.row_bytes)
@@ -225,10 +236,11 @@ class Engine:
         batch = list(out.num_scheduled_tokens)
         states = torch.tensor([int(req_id[1:]) for req_id in batch], dtype=I32)  # STAND-IN: input batch rows
         positions, owners = self._fill_tables(batch, out.num_scheduled_tokens)
+        decode = bool(batch) and all(req_id in out.scheduled_spec_decode_tokens for req_id in batch)  # verification
         attention = types.SimpleNamespace(  # STAND-IN for the sparse-MLA attention metadata HiSparse reads
             num_actual_tokens=len(positions), num_reqs=len(batch), req_id_per_token=owners.to(I32),
             max_query_len=max(out.num_scheduled_tokens.values(), default=0),
-            num_decode_tokens=len(positions) if batch and all(n == 1 for n in out.num_scheduled_tokens.values()) else 0)
+            num_decode_tokens=len(positions) if decode else 0)
         self.connector.bind_connector_metadata(out.kv_connector_metadata)
         self.connector.start_load_kv(types.SimpleNamespace(), request_state_indices=states, request_ids=batch,
                                      num_tokens=len(positions),
@@ -236,21 +248,31 @@ class Engine:
                                                     for i in range(LAYERS)} if batch else None)
         self._write_kv(batch, positions, owners)
         results = None
-        decode = bool(batch) and all(n == 1 for n in out.num_scheduled_tokens.values())
+        self.last_owners = owners
         if topk_per_request is not None and decode:
             results = self._attend(batch, owners, attention, topk_per_request)
         self.connector.finish_forward()
         worker_meta = self.connector.build_connector_worker_meta()
         self.connector.clear_connector_metadata()
-        sampled = []
+        sampled: list[list[int]] = []
         for req_id in batch:
-            self.computed[req_id] += out.num_scheduled_tokens[req_id]
             request = self.scheduler.requests[req_id]
-            sampled.append([7] if self.computed[req_id] >= request.num_prompt_tokens else [])
-        output = ModelRunnerOutput(req_ids=batch,
-                                   sampled_token_ids=sampled,
+            end = self.computed[req_id] + out.num_scheduled_tokens[req_id]
+            drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
+            if end < request.num_prompt_tokens:
+                sampled.append([])
+            elif drafts and self.accept:
+                sampled.append([9, 7])  # the draft (9) accepted, and the bonus token
+            else:
+                sampled.append([7])  # any draft rejected: its position is written again next step
+        output = ModelRunnerOutput(req_ids=batch, sampled_token_ids=sampled,
                                    kv_connector_output=KVConnectorOutput(kv_connector_worker_meta=worker_meta))
         self.scheduler.update_from_output(out, output)
+        for req_id in batch:
+            self.computed[req_id] = self.scheduler.requests[req_id].num_computed_tokens
+        running = [req_id for req_id, tokens in zip(batch, sampled, strict=True) if tokens]
+        assert all(req_id in self.scheduler.requests for req_id in running), "max_tokens leaves room for every step"
+        self.scheduler.update_draft_token_ids(DraftTokenIds(running, [[9]] * len(running)))  # STAND-IN: drafter
         return out, results
 
     def _fill_tables(self, batch: list[str], scheduled: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,12 +301,14 @@ class Engine:
     def _write_kv(self, batch: list[str], positions: torch.Tensor, owners: torch.Tensor) -> None:
         """STAND-IN for the attention layers' KV-cache write: each scheduled token's row into the resident cache
         at the resident group's slot mapping (what vLLM's sparse-MLA forward writes)."""
+        for row, req_id in enumerate(batch):
+            versions = self.versions.setdefault(req_id, torch.zeros(MAX_MODEL_LEN + 8, dtype=I64))
+            versions[positions[owners == row]] += 1  # a rejected speculative position is written again later
         for layer, group in enumerate(self.resident_groups):
             slots = self.block_tables.slot_mappings[group][:len(positions)]
             for row, req_id in enumerate(batch):
                 mine = (owners == row) & (slots >= 0)
-                rows = _row_bytes(layer, int(req_id[1:]), positions[mine], self.row_bytes)
-                self.resident_rows(layer)[slots[mine]] = rows
+                self.resident_rows(layer)[slots[mine]] = self.expected(layer, int(req_id[1:]), positions[mine])
 
     def _attend(self, batch: list[str], owners: torch.Tensor, attention: Any,
                 topk_per_request: dict[str, torch.Tensor]) -> list[Any]:
@@ -330,12 +354,13 @@ class Engine:
         for layer, handle in enumerate(self.handles):
             indices = results[layer][0] if layer == 0 else results[layer]
             rows = handle.runtime.hot.attention_cache.view(torch.uint8).reshape(-1, self.row_bytes)
-            for row, req_id in enumerate(batch):
+            for row, owner in enumerate(self.last_owners.tolist()):  # one query row per scheduled token
+                req_id = batch[owner]
                 tokens = topk_per_request[req_id]
                 valid = tokens >= 0
                 held = rows[indices[row][valid].to(I64)]
                 assert torch.equal(held, self.expected(layer, int(req_id[1:]), tokens[valid])), \
-                    (self.cache_dtype, layer, req_id)
+                    (self.cache_dtype, layer, req_id, row)
                 assert (indices[row][~valid] == -1).all()
                 checked += int(valid.sum())
         return checked
@@ -378,7 +403,7 @@ def test_engine_prefill_spills_and_decode_steps_keep_every_row_where_vllm_reads_
     monkeypatch.setattr(engine.backend, "swap_blocks_batch", counted)  # the backend instance is per process
     gen = torch.Generator().manual_seed(5)
     for req_id, length in PROMPTS.items():
-        engine.scheduler.add_request(Request(req_id, list(range(length)), SamplingParams(max_tokens=DECODE_STEPS + 2),
+        engine.scheduler.add_request(Request(req_id, list(range(length)), SamplingParams(max_tokens=4 * DECODE_STEPS),
                                              None))
     spills = 0
     while any(engine.computed.get(r, 0) < n for r, n in PROMPTS.items()):
@@ -391,18 +416,26 @@ def test_engine_prefill_spills_and_decode_steps_keep_every_row_where_vllm_reads_
     for _ in range(4 * DECODE_STEPS):  # steps with nothing scheduled let the worker report finished spills
         topk = {}
         for req_id in PROMPTS:
-            chosen = torch.randperm(engine.computed[req_id], generator=gen)[:TOP_K - 8]
+            computed = engine.computed[req_id]
+            chosen = torch.randperm(computed, generator=gen)[:TOP_K - 8]
+            rewritten = (engine.versions[req_id][:computed] > 1).nonzero().flatten()
+            chosen[:len(rewritten)] = rewritten  # rows written twice are read: attention must see the new bytes
             topk[req_id] = torch.cat([chosen, torch.full((8,), -1, dtype=I64)])
+        engine.accept = decoded % 2 == 0
         out, results = engine.step(topk)
         assert sum(engine.check_rows()) > 0
         if results is None:
             continue
         batch = list(out.num_scheduled_tokens)
-        assert engine.check_attention(batch, results, topk) == LAYERS * len(batch) * (TOP_K - 8)
+        assert engine.check_attention(batch, results, topk) == LAYERS * len(engine.last_owners) * (TOP_K - 8)
+        assert len(engine.last_owners) == 2 * len(batch), "each request verifies one draft: two query rows"
         decoded += 1
         if decoded == DECODE_STEPS:
             break
     assert decoded == DECODE_STEPS
+    rewrites = sum(int((versions > 1).sum()) for versions in engine.versions.values())
+    # Step 2's rejected drafts were written again in step 3 and read in step 4 (step 4's are not rewritten yet).
+    assert rewrites == len(PROMPTS), rewrites
     engine.connector.shutdown()
     assert engine.backend.hal.pinned_registrations() == ()
     # The host pool's registration is gone. The device slab's stays: vLLM 0.34.0 makes no backend call when it
