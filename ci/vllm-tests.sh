@@ -3,7 +3,7 @@
 # (it pins torch 2.14.0 and CUDA-only packages), exactly the packages its HiSparse modules and plugin loader import
 # (ci/vllm-requirements.txt, all pinned, installed with --no-deps so pip never replaces torch), and this project
 # with its entry point. Then tests/integrations/with_vllm, and vLLM 0.34.0's own CPU-runnable HiSparse tests
-# (ci/vllm-own-tests.sh, about 20 s on 2 cores).
+# (ci/vllm-own-tests.sh, about 30 s on 2 cores; it ends with how many of them called a hisparse-hal member).
 #
 # Usage: ci/vllm-tests.sh   (HISPARSE_VLLM_VENV=path reuses or places the venv; default: a fresh temp dir)
 set -euo pipefail

@@ -50,6 +50,7 @@ class CpuTorch(types.SimpleNamespace):
     # STAND-IN: pin_memory=True needs an accelerator's host allocator (runtime.py:625-627, worker.py:293-297).
     empty = staticmethod(_unpinned(torch.empty))
     zeros = staticmethod(_unpinned(torch.zeros))
+    tensor = staticmethod(_unpinned(torch.tensor))  # STAND-IN likewise: worker.py:544 (invalidate_blocks)
     # STAND-IN: torch.accelerator.* raise "Cannot access accelerator device when none is available".
     accelerator = types.SimpleNamespace(
         current_stream=lambda device=None: CpuStream(),
