@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Fetch vLLM 0.34.0's source distribution through pip (its configured index; no address is written here) into
-# DEST, checked by sha256. Reusable by any CI script that needs vLLM's sources (tests, csrc).
+# DEST, checked by sha256. Used by ci/vllm-own-tests.sh (vLLM's tests) and ci/prepare-vllm-peer.sh (its csrc).
 #
 # Usage: ci/fetch-vllm-sdist.sh DEST      -> DEST/vllm-0.34.0.tar.gz (kept when already there and intact)
 #
-# `pip download` of an sdist always prepares its metadata, and vLLM's setup.py imports torch, setuptools_rust
-# and setuptools_scm and would build CMake/CUDA metadata. So pip runs with --no-build-isolation,
-# VLLM_TARGET_DEVICE=empty (no extensions) and two stand-in modules for the Rust and version plug-ins (a
-# temporary folder on PYTHONPATH; the version is the pinned one). The python running pip ($PYTHON, default
-# python3) needs torch, packaging and setuptools. pip itself checks the hash (--require-hashes); sha256sum checks
-# the saved file again.
+# `pip download` of an sdist always prepares its metadata first. vLLM's setup.py imports torch (the running
+# python's), setuptools-scm and setuptools-rust, and with VLLM_TARGET_DEVICE=empty builds no CMake/CUDA metadata.
+# The two build plug-ins go into a scratch folder (pinned, real packages), never into the venv; pip checks the
+# hash (--require-hashes), and sha256sum checks the saved file again. VLLM_SKIP_VERSION_SUFFIX keeps the
+# version the file's 0.34.0. The python running pip ($PYTHON, default python3) needs torch and setuptools.
 set -euo pipefail
 dest="${1:?usage: ci/fetch-vllm-sdist.sh DEST}"
 python="${PYTHON:-python3}"
@@ -21,53 +20,13 @@ if [ -f "$sdist" ] && echo "$sha256  $sdist" | sha256sum -c --quiet 2>/dev/null;
   echo "$sdist (already there, sha256 ok)"
   exit 0
 fi
-stub="$(mktemp -d)"
-trap 'rm -rf "$stub"' EXIT
-mkdir -p "$stub/setuptools_rust" "$stub/setuptools_scm"
-cat >"$stub/setuptools_rust/__init__.py" <<'PY'
-"""Stand-in for setuptools_rust while pip prepares vLLM's sdist metadata (ci/fetch-vllm-sdist.sh): builds nothing."""
-import enum
-
-
-class Binding(enum.Enum):
-    PyO3 = 1
-    Exec = 2
-
-
-class RustExtension:
-    def __init__(self, *args, **kwargs):
-        self.binding = kwargs.get("binding")
-        self.target = {}
-PY
-cat >"$stub/setuptools_rust/build.py" <<'PY'
-"""Stand-in build_rust command: does nothing."""
-from setuptools import Command
-
-
-class build_rust(Command):
-    user_options = []
-
-    def initialize_options(self):
-        pass
-
-    def finalize_options(self):
-        pass
-
-    def run(self):
-        pass
-PY
-cat >"$stub/setuptools_scm/__init__.py" <<'PY'
-"""Stand-in for setuptools_scm: the pinned version from SETUPTOOLS_SCM_PRETEND_VERSION."""
-import os
-
-
-def get_version(**kwargs):
-    return os.environ["SETUPTOOLS_SCM_PRETEND_VERSION"]
-PY
-echo "vllm==$version --hash=sha256:$sha256" >"$stub/requirements.txt"
-PYTHONPATH="$stub${PYTHONPATH:+:$PYTHONPATH}" VLLM_TARGET_DEVICE=empty VLLM_SKIP_VERSION_SUFFIX=1 \
-  SETUPTOOLS_SCM_PRETEND_VERSION="$version" \
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+"$python" -m pip install -q --no-warn-script-location --target "$scratch/build-deps" \
+  setuptools-scm==10.3.4 setuptools-rust==1.13.0
+echo "vllm==$version --hash=sha256:$sha256" >"$scratch/requirements.txt"
+PYTHONPATH="$scratch/build-deps${PYTHONPATH:+:$PYTHONPATH}" VLLM_TARGET_DEVICE=empty VLLM_SKIP_VERSION_SUFFIX=1 \
   "$python" -m pip download -q --no-deps --no-binary :all: --no-build-isolation --require-hashes \
-  -d "$dest" -r "$stub/requirements.txt"
+  -d "$dest" -r "$scratch/requirements.txt"
 echo "$sha256  $sdist" | sha256sum -c --quiet
 echo "$sdist (sha256 ok)"

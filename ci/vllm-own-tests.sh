@@ -18,19 +18,9 @@ if [ -n "${HISPARSE_VLLM_VENV:-}" ]; then
   export PATH="$HISPARSE_VLLM_VENV/bin:$PATH"
 fi
 work="${HISPARSE_VLLM_SDIST_DIR:-$(mktemp -d)}"
-sdist="$work/vllm-0.34.0.tar.gz"
 if [ ! -d "$work/vllm-0.34.0/tests" ]; then
-  if [ ! -f "$sdist" ]; then
-    # pip, through its configured index, saves the sdist only after building its metadata. vLLM's setup.py needs
-    # torch (this venv's), setuptools-scm and setuptools-rust (into a scratch dir, not the venv) and, with
-    # VLLM_TARGET_DEVICE=empty, no CMake or CUDA; VLLM_SKIP_VERSION_SUFFIX keeps its version the file's 0.34.0.
-    python -m pip install -q --no-warn-script-location --target "$work/build-deps" \
-      setuptools-scm==10.3.4 setuptools-rust==1.13.0
-    PYTHONPATH="$work/build-deps" VLLM_TARGET_DEVICE=empty VLLM_SKIP_VERSION_SUFFIX=1 \
-      python -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$work" vllm==0.34.0
-  fi
-  echo "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113  $sdist" | sha256sum -c --quiet
-  tar xzf "$sdist" -C "$work" vllm-0.34.0/tests
+  PYTHON=python bash ci/fetch-vllm-sdist.sh "$work"
+  tar xzf "$work/vllm-0.34.0.tar.gz" -C "$work" vllm-0.34.0/tests
 fi
 # Only tests/ is used, from its own directory, so `import vllm` is the installed package, not the sdist's source.
 cd "$work/vllm-0.34.0"

@@ -75,7 +75,8 @@ def test_carried_size_fails_on_a_missing_path_or_over_the_limit(tmp_path):
 
 _FAKE_PIP = """#!/usr/bin/env bash
 # Stand-in python: records how pip was asked, then saves a file that is not vLLM's sdist.
-echo "$* | target=$VLLM_TARGET_DEVICE | version=$SETUPTOOLS_SCM_PRETEND_VERSION | path=$PYTHONPATH" >>"$LOG"
+echo "$* | target=$VLLM_TARGET_DEVICE | skip_suffix=$VLLM_SKIP_VERSION_SUFFIX | path=$PYTHONPATH" >>"$LOG"
+[ "$3" = download ] || exit 0  # the scratch install of the build plug-ins
 dest=""
 while [ $# -gt 0 ]; do [ "$1" = -d ] && dest="$2"; shift; done
 echo not-vllm >"$dest/vllm-0.34.0.tar.gz"
@@ -90,8 +91,10 @@ def test_fetch_uses_pip_only_and_refuses_a_file_with_the_wrong_digest(tmp_path):
     done = subprocess.run(["bash", "ci/fetch-vllm-sdist.sh", str(tmp_path / "dest")], cwd=REPO,
                           env=dict(os.environ, PYTHON=str(fake), LOG=str(log)), capture_output=True, text=True)
     assert done.returncode != 0 and "FAILED" in done.stderr + done.stdout
-    call = log.read_text()
-    assert call.startswith("-m pip download -q --no-deps --no-binary :all: --no-build-isolation --require-hashes")
-    assert "target=empty | version=0.34.0 | path=/" in call
+    install, download = log.read_text().splitlines()
+    assert install.startswith("-m pip install -q --no-warn-script-location --target ")
+    assert "setuptools-scm==10.3.4 setuptools-rust==1.13.0" in install
+    assert download.startswith("-m pip download -q --no-deps --no-binary :all: --no-build-isolation --require-hashes")
+    assert "target=empty | skip_suffix=1 | path=/" in download and "/build-deps" in download
     script = (REPO / "ci" / "fetch-vllm-sdist.sh").read_text()
     assert "://" not in script  # pip's configured index only: no address in the script
