@@ -241,7 +241,8 @@ class TorchGpuBackend(HiSparseBackend):
             super().pin_tensor(tensor)
 
     def unpin_tensor(self, tensor: torch.Tensor) -> None:
-        """Release a pinned tensor chunk by chunk; a lost device context is logged, not raised.
+        """Release a pinned tensor chunk by chunk, after the device's queued copies (which may still write
+        the pool) have landed; a lost device context is logged, not raised.
 
         Raises:
             CaptureMisuseError: called while the current stream is capturing; nothing was released.
@@ -350,6 +351,17 @@ class TorchGpuBackend(HiSparseBackend):
                 f"{member} cannot run while the current stream is capturing: host registration is not "
                 "a capturable operation; call it before or after the capture (the capture is still valid)"
             )
+
+    def _wait_for_device_work(self) -> None:
+        """Wait for this GPU's queued work before host memory is unregistered: a copy into the pool still
+        queued on any stream must land while the range is registered. A lost context is logged (teardown)."""
+        if self._device.type != "cuda":
+            return  # an injected test device: its simulator's mixin waits instead
+        try:
+            torch.cuda.synchronize(self.device_index)
+        except RuntimeError as error:
+            log.warning("%s: could not wait for device work before unregistering host memory: %s",
+                        self.runtime.label, error)
 
     def _register_host_chunk(self, address: int, size: int, index: int) -> int | None:
         return self.runtime.register_host(address, size)
