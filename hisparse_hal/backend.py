@@ -353,6 +353,12 @@ class HiSparseBackend:
                     self._released.append(tensor)
         return tuple(released)
 
+    def _release_if_stale(self) -> None:
+        """Release stale pins, if any (a few pointer reads when none is): before a captured replay, or before
+        translating host addresses for kernels."""
+        if any(pin.why_stale() is not None for pin in self._live_pins):
+            self._release_stale_pins()
+
     def _refuse_stale_regions(self, batch: SwapBatch) -> None:
         """Before a swap: release stale pins, and refuse ``batch`` (naming the region) when it names one."""
         pins = self._live_pins

@@ -144,6 +144,29 @@ def test_a_moved_pinned_tensor_releases_its_driver_registration_on_the_next_pin(
     backend.unpin_tensor(other)
 
 
+def test_a_swap_into_a_moved_pin_on_the_rocm_simulator_is_refused_before_the_runtime_and_unregisters_it():
+    backend, sim = _rocm()
+    device = torch.full((PAGE,), 0x3C, dtype=torch.uint8)
+    sim.adopt_device_memory(device, "cache")
+    backend.register_region(device.data_ptr(), PAGE, "cache", device=backend.device)
+    pool = torch.zeros(PAGE, dtype=torch.uint8)
+    address = pool.data_ptr()
+    backend.pin_tensor(pool)
+    pool.resize_(64 << 20)
+    copies = sim.calls["hipMemcpyBatchAsync"] + sim.calls["hipMemcpyAsync"]
+    with pytest.raises(InvalidDescriptorError, match=rf"names region 'pinned host {address:#x} chunk 1/1'.*nothing was"):
+        backend.swap_blocks_batch(_i64(device.data_ptr()), _i64(address), _i64(PAGE))
+    assert sim.calls["hipMemcpyBatchAsync"] + sim.calls["hipMemcpyAsync"] == copies and not sim.pending
+    assert sim.registrations == {} and backend.pinned_registrations() == ()
+    second = torch.zeros(PAGE, dtype=torch.uint8)
+    backend.pin_tensor(second)
+    second_address = second.data_ptr()
+    second.resize_(64 << 20)
+    with pytest.raises(InvalidArgumentError, match=rf"address {second_address:#x} \(index 0\) is not in a pinned host"):
+        backend.device_address(second_address)  # kernels are never given a moved tensor's old address
+    assert sim.registrations == {} and backend.pinned_registrations() == ()
+
+
 def test_a_captured_swap_into_a_pin_that_moved_is_refused_at_replay_and_writes_nothing():
     backend = CpuBackend()
     pool = torch.zeros(PAGE, dtype=torch.uint8)
@@ -246,6 +269,23 @@ def test_unregister_region_waits_for_a_delayed_swap_into_it():
     backend.swap_blocks_batch(_i64(source.data_ptr()), _i64(staging.data_ptr()), _i64(PAGE))
     backend.unregister_region(region)
     assert bool((staging == 0x3C).all()), "unregister_region returned before the delayed copy landed"
+    assert bool((whole[:64] == CANARY).all()) and bool((whole[-64:] == CANARY).all())
+
+
+def test_preparing_views_again_waits_for_a_delayed_swap_into_the_cache_it_replaces():
+    from hisparse_hal import KVCacheConfig, LayerSpec
+
+    backend = CpuBackend()
+    config = KVCacheConfig("bf16", 4, 2, 64, (LayerSpec("layer"),))
+    whole, cache = _canaried(config.layer_bytes, 0)
+    backend.prepare_kv_cache_views(config, {"layer": cache}, {})
+    _source_whole, source = _canaried(config.layer_bytes, 0x3C)
+    backend.register_region(source.data_ptr(), source.numel(), "source")
+    backend.delay_next_swap(0.2)
+    backend.swap_blocks_batch(_i64(source.data_ptr()), _i64(cache.data_ptr()), _i64(config.layer_bytes))
+    other = torch.zeros(config.layer_bytes, dtype=torch.uint8)
+    backend.prepare_kv_cache_views(config, {"layer": other}, {})
+    assert bool((cache == 0x3C).all()), "prepare_kv_cache_views returned before the delayed copy landed"
     assert bool((whole[:64] == CANARY).all()) and bool((whole[-64:] == CANARY).all())
 
 

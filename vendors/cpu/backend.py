@@ -170,7 +170,7 @@ class CpuBackend(HiSparseBackend):
         regions = tuple(batch.regions[i] for i in used)
 
         def check() -> None:
-            self._release_stale_pins()  # a pinned tensor moved since the capture: its region goes
+            self._release_if_stale()  # a pinned tensor moved since the capture: its region goes
             live = set(self.regions.snapshot())
             for region in regions:
                 if region not in live:

@@ -310,7 +310,9 @@ class TorchGpuBackend(HiSparseBackend):
         return int(self.device_addresses(torch.tensor([host_address], dtype=torch.int64))[0])
 
     def _host_aliases(self) -> HostAliasMap:
-        """The translation table of the live registrations, rebuilt only after a pin or unpin."""
+        """The translation table of the live registrations, rebuilt only after a pin or unpin (a pinned tensor
+        whose memory moved is released first, so kernels are never given its old address)."""
+        self._release_if_stale()
         generation = self.pin_generation  # read before the registrations: a racing pin only forces a rebuild
         cached = self._alias_map
         if cached is not None and cached[0] == generation:
