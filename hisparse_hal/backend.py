@@ -152,17 +152,18 @@ class HiSparseBackend:
         released in reverse order and nothing stays pinned. All chunks become regions in one table
         change, so pinning costs time linear in the chunk count.
 
-        Lifetime: the pin holds a reference to the tensor's storage until :meth:`unpin_tensor`, so its
-        memory cannot be freed and its address reused while swaps may name it (dropping the last user
-        reference without unpinning keeps the memory alive, as a registration needs it to). Memory that
-        moves from under the pin (``resize_`` reallocating the storage, ``set_`` re-pointing the tensor) makes
-        the pin stale: the
-        next swap naming it raises ``InvalidDescriptorError`` naming the region, copying nothing, and the
-        stale registration and page lock are released (at that swap, or at the next pin or unpin);
-        ``unpin_tensor`` of the moved tensor then succeeds. vLLM 0.34.0 unpins its pools at teardown
-        before unmapping them (``vllm/v1/hisparse/runtime.py:373``, then ``shared_offload_region.py:443``,
-        which keeps a mapping whose buffer is still exported mapped), so holding the storage changes
-        nothing it relies on.
+        Lifetime: the pin holds a reference to the tensor's storage until :meth:`unpin_tensor` (or until a
+        stale pin is released, below), so its memory cannot be freed and its address reused while swaps may
+        name it: dropping every other reference without unpinning keeps the memory allocated and registered.
+        Memory that moves from under the pin (``resize_`` reallocating the storage, ``set_`` re-pointing the
+        tensor, the storage resized) makes the pin stale: the next swap naming it raises
+        ``InvalidDescriptorError`` naming the region and copies nothing, and the stale registration and page
+        lock are released at that swap, or at the next pin, registration, captured replay, host-address
+        translation or unpin, whichever comes first; ``unpin_tensor`` of the moved tensor then succeeds.
+        A pinned ``mmap`` therefore stays exported until unpinned (``mmap.close`` raises ``BufferError``).
+        vLLM 0.34.0 relies on none of this: it unpins every pool at teardown
+        (``vllm/v1/hisparse/runtime.py:373``) before closing the shared mapping, and when an unpin fails it
+        keeps a still-exported mapping mapped (``vllm/v1/kv_offload/cpu/shared_offload_region.py:443-455``).
 
         Raises:
             InvalidArgumentError: not a tensor, not on the CPU, not contiguous, empty, memory that is not
