@@ -4,10 +4,11 @@ locks counted across backends, unpin/unregister ordered after queued copies. CPU
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -351,3 +352,41 @@ def test_a_refused_lock_undoes_only_pages_no_other_backend_holds():
     assert not second.lock(base + PAGE, 3 * PAGE)
     assert calls[-1] == ("munlock", base + 2 * PAGE, 2 * PAGE)
     first.unlock(base, 2 * PAGE)
+
+
+def test_a_gpu_graph_capturing_a_swap_into_a_pin_that_moved_refuses_to_replay(monkeypatch):
+    backend, sim = _rocm(run_copies_immediately=True)
+    assert backend.capabilities.graph_capture
+    replays: list[int] = []
+
+    class FakeGraph:  # torch.cuda.CUDAGraph's face; the simulator runs the copies at capture
+        def replay(self) -> None:
+            replays.append(1)
+
+    @contextlib.contextmanager
+    def fake_graph_capture(graph: FakeGraph) -> Iterator[None]:
+        backend.simulated_capturing = True
+        try:
+            yield
+        finally:
+            backend.simulated_capturing = False
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph_capture)
+    from hisparse_hal import KVCacheConfig, LayerSpec
+
+    device = torch.full((PAGE,), 0x3C, dtype=torch.uint8)
+    sim.adopt_device_memory(device, "cache")
+    backend.prepare_kv_cache_views(KVCacheConfig("bf16", PAGE // 64, 4, 8, (LayerSpec("layer.0"),)),
+                                   {"layer.0": device}, {})
+    pool = torch.zeros(PAGE, dtype=torch.uint8)
+    address = pool.data_ptr()
+    backend.pin_tensor(pool)
+    with backend.capture() as graph:
+        backend.swap_blocks_batch(_i64(device.data_ptr()), _i64(address), _i64(PAGE))
+    graph.replay()
+    assert replays == [1]
+    pool.resize_(64 << 20)
+    with pytest.raises(InvalidDescriptorError, match=rf"replay: a captured swap uses region 'pinned host {address:#x}"):
+        graph.replay()
+    assert replays == [1] and sim.registrations == {} and backend.pinned_registrations() == ()

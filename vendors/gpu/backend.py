@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -22,6 +23,7 @@ from hisparse_hal.errors import (
     CaptureMisuseError,
     DeviceRuntimeError,
     InvalidArgumentError,
+    InvalidDescriptorError,
     UnsupportedCapabilityError,
 )
 from hisparse_hal.events import HalEvent
@@ -98,6 +100,7 @@ class TorchGpuBackend(HiSparseBackend):
         if self._device.type != "cuda" or torch.cuda.is_available():
             self._build_gather_check()
         self._alias_map: tuple[int, HostAliasMap] | None = None  # (pin generation, table)
+        self._capturing = threading.local()  # .graph: the GpuCapturedGraph this thread is capturing into
 
     # ----------------------------------------------------------------- identity
     @property
@@ -169,6 +172,10 @@ class TorchGpuBackend(HiSparseBackend):
         capturing = self.is_current_stream_capturing()
         if capturing:
             self._check_capturable(batch)
+            graph = getattr(self._capturing, "graph", None)
+            if graph is not None:
+                used = torch.unique(torch.cat([batch.src_region, batch.dst_region])).tolist()
+                graph.regions.update(batch.regions[i] for i in used)
         with self._device_scope():
             stream = self._current_stream_handle()
             path = self._swap_path(stream, capturing)
@@ -409,10 +416,26 @@ class TorchGpuBackend(HiSparseBackend):
             # An empty capture is valid here (it replays as a no-op); torch warns that it "usually
             # means" a wrong stream, which is noise for this contract.
             warnings.filterwarnings("ignore", message="The CUDA Graph is empty", category=UserWarning)
-            captured = GpuCapturedGraph(torch.cuda.CUDAGraph())
-            with torch.cuda.graph(captured.graph):
-                yield captured
+            captured = GpuCapturedGraph(torch.cuda.CUDAGraph(), self._check_replay_regions)
+            self._capturing.graph = captured
+            try:
+                with torch.cuda.graph(captured.graph):
+                    yield captured
+            finally:
+                self._capturing.graph = None
             captured.complete = True
+
+    def _check_replay_regions(self, graph: GpuCapturedGraph) -> None:
+        """Before a replay: every region the captured swaps named is still registered (stale pins released)."""
+        self._release_if_stale()
+        live = set(self.regions.snapshot())
+        for region in graph.regions:
+            if region not in live:
+                raise InvalidDescriptorError(
+                    f"replay: a captured swap uses region {region.label!r} [{region.start:#x}, {region.end:#x}), "
+                    "released after the capture; nothing was replayed. Keep captured memory pinned or registered "
+                    "while the graph lives"
+                )
 
     # ----------------------------------------------------------------- IPC events
     def create_ipc_event(self) -> GpuIpcEvent:
