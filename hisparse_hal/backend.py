@@ -506,22 +506,12 @@ class HiSparseBackend:
         kv_caches.update(views)
 
     def _replace_cache_regions(self, regions: list[Region]) -> None:
-        """Swap the KV-cache regions of the last ``prepare_kv_cache_views`` for ``regions``, all or none."""
+        """Swap the KV-cache regions of the last ``prepare_kv_cache_views`` for ``regions`` in one table change:
+        all or none, and no swap ever sees neither set."""
         with self._lock:
-            previous = self._cache_regions
-            for region in previous:
-                self.regions.remove(region)
-            added: list[Region] = []
-            try:
-                for region in regions:
-                    added.append(self.regions.add(region))
-            except BaseException:
-                for region in added:
-                    self.regions.remove(region)
-                for region in previous:
-                    self.regions.add(region)
-                raise
-            self._cache_regions = tuple(added)
+            self._release_stale_pins()
+            self.regions.update(remove=self._cache_regions, add=regions)
+            self._cache_regions = tuple(regions)
 
     # ----------------------------------------------------------------- per-step operations
     def _enqueue_cache_op(self, name: str, run: Callable[[], None], check: Callable[[], None]) -> None:

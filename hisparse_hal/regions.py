@@ -207,7 +207,7 @@ class RegionTable:
                         )
                 kept = tuple(r for r in kept if r not in gone)
             regions = sorted((*kept, *add), key=lambda r: r.start) if add else list(kept)
-            _check_no_overlap(regions)
+            _check_no_overlap(regions, add)
             self._view = _TableView.build(tuple(regions))
 
     def overlapping(self, start: int, end: int) -> Region | None:
@@ -324,10 +324,14 @@ def check_region(region: Region) -> None:
         raise InvalidArgumentError(f"region kind must be one of {REGION_KINDS}, got {region.kind!r}")
 
 
-def _check_no_overlap(regions: Sequence[Region]) -> None:
-    """Raise ``InvalidArgumentError`` naming the first two overlapping regions of a start-sorted sequence."""
+def _check_no_overlap(regions: Sequence[Region], added: Sequence[Region]) -> None:
+    """Raise ``InvalidArgumentError`` naming the first two overlapping regions of a start-sorted sequence (the one
+    being added first)."""
+    new = set(added)
     for known, region in zip(regions, regions[1:], strict=False):
         if region.start < known.end:
+            if known in new and region not in new:
+                known, region = region, known
             raise InvalidArgumentError(
                 f"region {region.label!r} [{region.start:#x}, {region.end:#x}) overlaps "
                 f"known region {known.label!r} [{known.start:#x}, {known.end:#x}); "
