@@ -12,25 +12,28 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from .capabilities import Capabilities
-from .errors import InvalidArgumentError, UnpinError, UnsupportedCapabilityError
+from .errors import InvalidArgumentError, InvalidDescriptorError, UnpinError, UnsupportedCapabilityError
 from .events import CapturedGraph, HalEvent
 from .gather import check_gather_destination, gather_rows
 from .host_registration import (
     PAGE_BYTES,
+    HostChunk,
     HostRegistration,
     default_chunk_bytes,
     plan_host_chunks,
     register_in_chunks,
+    unwritable_part,
 )
 from .kv_cache import KV_FORMAT_SPECS, KVCacheConfig, build_views, validate_config
 from .kv_placements import device_slabs, validate_placements
-from .regions import Region, RegionTable, SwapBatch
+from .regions import Region, RegionTable, SwapBatch, check_region
 
 if TYPE_CHECKING:
     from .cache_ops.bound import CacheOps
@@ -39,6 +42,41 @@ if TYPE_CHECKING:
 __all__ = ["HiSparseBackend"]
 
 log = logging.getLogger(__name__)
+
+
+class _Pin:
+    """One pinned tensor: its record, its regions, and what proves its memory is still where it was pinned.
+
+    Holds the tensor's storage, so the allocator cannot free or reuse the pinned memory; ``resize_`` can still
+    move the storage's data and ``set_`` re-point the tensor, which :meth:`why_stale` detects (two pointer
+    reads and a weak reference). ``chunks_left`` are the chunks still registered.
+    """
+
+    __slots__ = ("record", "regions", "tensor", "storage", "storage_address", "storage_end", "chunks_left")
+
+    def __init__(self, record: HostRegistration, regions: tuple[Region, ...], tensor: torch.Tensor) -> None:
+        self.record = record
+        self.regions = regions
+        self.tensor = weakref.ref(tensor)
+        self.storage: torch.UntypedStorage | None = tensor.untyped_storage()
+        self.storage_address = self.storage.data_ptr()
+        self.storage_end = record.address + record.size - self.storage_address  # bytes of storage needed
+        self.chunks_left: tuple[HostChunk, ...] = record.chunks
+
+    def why_stale(self) -> str | None:
+        """None while the pinned range is still the tensor's memory; otherwise what moved."""
+        storage = self.storage
+        if storage is None:
+            return None
+        address = storage.data_ptr()
+        if address != self.storage_address:
+            return f"its storage moved from {self.storage_address:#x} to {address:#x} (resize_)"
+        if storage.nbytes() < self.storage_end:
+            return f"its storage shrank to {storage.nbytes()} bytes"
+        tensor = self.tensor()
+        if tensor is not None and tensor.data_ptr() != self.record.address:
+            return f"the tensor now starts at {tensor.data_ptr():#x} (resize_ or set_)"
+        return None
 
 
 class HiSparseBackend:
@@ -56,7 +94,11 @@ class HiSparseBackend:
         #: Largest single host registration; tests and conformance may lower it to force chunking.
         self.host_chunk_bytes = default_chunk_bytes()
         self._lock = threading.RLock()
-        self._pins: dict[tuple[int, int], tuple[HostRegistration, tuple[Region, ...]]] = {}
+        self._pins: dict[tuple[int, int], _Pin] = {}  # (address, size) when pinned -> its pin
+        #: The pins swaps may name, an immutable snapshot replaced under the lock (read without it).
+        self._live_pins: tuple[_Pin, ...] = ()
+        #: Tensors whose stale pin a swap released: their unpin_tensor is a no-op.
+        self._released: list[weakref.ref[torch.Tensor]] = []
         self._cache_regions: tuple[Region, ...] = ()
         self._explicit: dict[int, Region] = {}
         self._pin_generation = 0
@@ -107,81 +149,98 @@ class HiSparseBackend:
 
         Registration happens in chunks of at most ``host_chunk_bytes`` that end on page and block
         boundaries (block = one slice along dim 0); if any chunk fails, the registered ones are
-        released in reverse order and nothing stays pinned.
+        released in reverse order and nothing stays pinned. All chunks become regions in one table
+        change, so pinning costs time linear in the chunk count.
+
+        Lifetime: the pin holds a reference to the tensor's storage until :meth:`unpin_tensor` (or until a
+        stale pin is released, below), so its memory cannot be freed and its address reused while swaps may
+        name it: dropping every other reference without unpinning keeps the memory allocated and registered.
+        Memory that moves from under the pin (``resize_`` reallocating the storage, ``set_`` re-pointing the
+        tensor, the storage resized) makes the pin stale: the next swap naming it raises
+        ``InvalidDescriptorError`` naming the region and copies nothing, and the stale registration and page
+        lock are released at that swap, or at the next pin, registration, captured replay, host-address
+        translation or unpin, whichever comes first; ``unpin_tensor`` of the moved tensor then succeeds.
+        A pinned ``mmap`` therefore stays exported until unpinned (``mmap.close`` raises ``BufferError``).
+        vLLM 0.34.0 relies on none of this: it unpins every pool at teardown
+        (``vllm/v1/hisparse/runtime.py:373``) before closing the shared mapping, and when an unpin fails it
+        keeps a still-exported mapping mapped (``vllm/v1/kv_offload/cpu/shared_offload_region.py:443-455``).
 
         Raises:
-            InvalidArgumentError: not a tensor, not on the CPU, not contiguous, empty, or overlapping a
-                tensor or region already known (naming it).
+            InvalidArgumentError: not a tensor, not on the CPU, not contiguous, empty, memory that is not
+                writable (a read-only mapping; see :func:`~hisparse_hal.host_registration.unwritable_part`),
+                or overlapping a tensor or region already known (naming it).
             DeviceRuntimeError: the vendor's registration call failed (after rollback).
         """
         address, size = self._host_range(tensor, "pin_tensor")
         block_bytes = (tensor[0].numel() * tensor.element_size()) if tensor.dim() >= 2 else PAGE_BYTES
+        self._refuse_unwritable(address, size, "pin_tensor", "tensor")
         with self._lock:
-            if (address, size) in self._pins:
+            self._release_stale_pins()
+            pending = self._pins.get((address, size))
+            if pending is not None:
+                retry = "; its release failed earlier: call unpin_tensor again" if not pending.regions else ""
                 raise InvalidArgumentError(
-                    f"pin_tensor: tensor at {address:#x} ({size} bytes) is already pinned; "
+                    f"pin_tensor: tensor at {address:#x} ({size} bytes) is already pinned{retry}; "
                     "unpin it first"
                 )
-            for region in self.regions:
-                if address < region.end and region.start < address + size:
-                    raise InvalidArgumentError(
-                        f"pin_tensor: tensor at {address:#x} ({size} bytes) overlaps known region "
-                        f"{region.label!r} [{region.start:#x}, {region.end:#x})"
-                    )
+            region = self.regions.overlapping(address, address + size)
+            if region is not None:
+                raise InvalidArgumentError(
+                    f"pin_tensor: tensor at {address:#x} ({size} bytes) overlaps known region "
+                    f"{region.label!r} [{region.start:#x}, {region.end:#x})"
+                )
             plan = plan_host_chunks(address, size, block_bytes, self.host_chunk_bytes)
             if len(plan) > 1:
                 log.info("pinning %d bytes at %#x in %d chunks", size, address, len(plan))
             chunks = register_in_chunks(plan, self._register_host_chunk, self._unregister_host_chunk)
-            added: list[Region] = []
+            regions = tuple(
+                Region(chunk.address, chunk.size, "pinned_host",
+                       f"pinned host {address:#x} chunk {i + 1}/{len(chunks)}", torch.device("cpu"),
+                       chunk.device_alias)
+                for i, chunk in enumerate(chunks)
+            )
             try:
-                for i, chunk in enumerate(chunks):
-                    label = f"pinned host {address:#x} chunk {i + 1}/{len(chunks)}"
-                    added.append(
-                        self.regions.add(
-                            Region(
-                                chunk.address, chunk.size, "pinned_host", label, torch.device("cpu"), chunk.device_alias
-                            )
-                        )
-                    )
+                self.regions.update(add=regions)
             except BaseException:
-                for region in added:
-                    self.regions.remove(region)
                 for chunk in reversed(chunks):
                     self._unregister_host_chunk(chunk.address, chunk.size)
                 raise
-            record = HostRegistration(
-                address, size, chunks, self._host_page_locked(), chunks[0].device_alias
-            )
-            self._pins[(address, size)] = (record, tuple(added))
-            self._pin_generation += 1
+            record = HostRegistration(address, size, chunks, self._host_page_locked(), chunks[0].device_alias)
+            self._pins[(address, size)] = _Pin(record, regions, tensor)
+            self._publish_pins()
 
     def unpin_tensor(self, tensor: torch.Tensor) -> None:
         """Release a tensor pinned with :meth:`pin_tensor`, chunk by chunk in reverse order.
+
+        Every chunk is released even when one fails; chunks whose release failed stay tracked, so calling
+        ``unpin_tensor`` again retries exactly those (the tensor is no longer a swap region either way).
+        A tensor moved by ``resize_``/``set_`` after pinning is found by identity and its old range
+        released; one whose stale registration a swap already released unpins as a no-op.
 
         Every failure is a ``RuntimeError`` (vLLM 0.34.0 catches only that, ``vllm/v1/hisparse/runtime.py:374``).
 
         Raises:
             UnpinError: the tensor is not a pinned host tensor of this backend (an ``InvalidArgumentError``
                 and a ``RuntimeError``).
-            DeviceRuntimeError: the vendor's release call failed.
+            DeviceRuntimeError: the vendor's release call failed for some chunk (the first failure; the
+                other chunks were still released).
         """
-        try:
-            address, size = self._host_range(tensor, "unpin_tensor")
-        except InvalidArgumentError as error:
-            raise UnpinError(str(error)) from None
         with self._lock:
-            entry = self._pins.pop((address, size), None)
-            if entry is None:
+            key = self._pin_key_of(tensor)
+            if key is None:
+                if self._forget_released(tensor):
+                    return
+                try:
+                    address, size = self._host_range(tensor, "unpin_tensor")
+                except InvalidArgumentError as error:
+                    raise UnpinError(str(error)) from None
                 raise UnpinError(
                     f"unpin_tensor: tensor at {address:#x} ({size} bytes) was not pinned by "
                     f"backend {self.name!r}"
                 )
-            self._pin_generation += 1
-            record, regions = entry
-            for region in regions:
-                self.regions.remove(region)
-            for chunk in reversed(record.chunks):
-                self._unregister_host_chunk(chunk.address, chunk.size)
+            failure = self._release_pin(key)
+        if failure is not None:
+            raise failure
 
     def host_registration(self, tensor: torch.Tensor) -> HostRegistration:
         """The registration record of a pinned tensor (chunks, page-lock state, device alias).
@@ -191,21 +250,21 @@ class HiSparseBackend:
         """
         address, size = self._host_range(tensor, "host_registration")
         with self._lock:
-            entry = self._pins.get((address, size))
-        if entry is None:
+            pin = self._pins.get((address, size))
+        if pin is None or not pin.regions:
             raise InvalidArgumentError(f"tensor at {address:#x} ({size} bytes) is not pinned by {self.name!r}")
-        return entry[0]
+        return pin.record
 
     @property
     def pin_generation(self) -> int:
-        """Moves on every successful :meth:`pin_tensor` and :meth:`unpin_tensor`: what is known about pinned
-        memory at one value (device views, address translations) stays true until it moves."""
+        """Moves on every successful :meth:`pin_tensor` and every release (:meth:`unpin_tensor`, a stale pin
+        released): what is known about pinned memory at one value (device views, address translations)
+        stays true until it moves."""
         return self._pin_generation
 
     def pinned_registrations(self) -> tuple[HostRegistration, ...]:
-        """Every live host registration, in no particular order."""
-        with self._lock:
-            return tuple(record for record, _ in self._pins.values())
+        """Every live host registration (swaps may name it), in no particular order."""
+        return tuple(pin.record for pin in self._live_pins)
 
     def _host_range(self, tensor: object, member: str) -> tuple[int, int]:
         if not isinstance(tensor, torch.Tensor):
@@ -218,6 +277,118 @@ class HiSparseBackend:
         if size == 0:
             raise InvalidArgumentError(f"{member}: tensor is empty (shape {tuple(tensor.shape)})")
         return tensor.data_ptr(), size
+
+    @staticmethod
+    def _refuse_unwritable(address: int, size: int, member: str, what: str) -> None:
+        """Raise ``InvalidArgumentError`` when some of the host range is not writable memory of this process."""
+        problem = unwritable_part(address, size)
+        if problem is not None:
+            raise InvalidArgumentError(
+                f"{member}: {what} [{address:#x}, {address + size:#x}) ({size} bytes) is not writable host "
+                f"memory: {problem}; swaps write into it, so only writable memory can be registered"
+            )
+
+    def _pin_key_of(self, tensor: object) -> tuple[int, int] | None:
+        """The ``_pins`` key of ``tensor``: by its current range, else by identity (it moved). Under the lock."""
+        if isinstance(tensor, torch.Tensor):
+            for key, pin in self._pins.items():
+                if pin.tensor() is tensor:
+                    return key
+            with contextlib.suppress(InvalidArgumentError):
+                key = self._host_range(tensor, "unpin_tensor")
+                if key in self._pins:
+                    return key
+        return None
+
+    def _forget_released(self, tensor: object) -> bool:
+        """Whether ``tensor``'s stale pin was already released (forgetting it). Under the lock."""
+        for i, ref in enumerate(self._released):
+            if ref() is tensor:
+                del self._released[i]
+                return True
+        return False
+
+    def _release_pin(self, key: tuple[int, int]) -> BaseException | None:
+        """Under the lock: drop the pin's regions, release every chunk left, in reverse; keep the failed ones
+        tracked. Returns the first failure (None when all chunks are released and the pin is forgotten)."""
+        pin = self._pins[key]
+        if pin.regions:
+            self.regions.update(remove=pin.regions)
+            pin.regions = ()
+        self._wait_for_device_work()
+        failed: list[HostChunk] = []
+        first: BaseException | None = None
+        for chunk in reversed(pin.chunks_left):
+            try:
+                self._unregister_host_chunk(chunk.address, chunk.size)
+            except Exception as error:  # noqa: BLE001 - release every chunk, raise the first failure
+                failed.append(chunk)
+                first = first or error
+        pin.chunks_left = tuple(reversed(failed))
+        if not failed:
+            del self._pins[key]
+            pin.storage = None
+        self._publish_pins()
+        if first is not None:
+            log.warning("%s: %d of %d host chunks of %#x stay registered after a failed release; unpin again "
+                        "to retry", self.name, len(failed), len(pin.record.chunks), pin.record.address)
+        return first
+
+    def _release_stale_pins(self) -> tuple[Region, ...]:
+        """Release every pin whose tensor's memory moved (``resize_``, ``set_``); returns their regions.
+
+        The release errors of a stale pin are logged, its failed chunks stay tracked for ``unpin_tensor``.
+        """
+        released: list[Region] = []
+        with self._lock:
+            for key, pin in list(self._pins.items()):
+                why = pin.why_stale() if pin.regions else None
+                if why is None:
+                    continue
+                log.warning("%s: releasing pinned host %#x (%d bytes): %s without unpin_tensor", self.name,
+                            key[0], key[1], why)
+                released.extend(pin.regions)
+                tensor = pin.tensor
+                if self._release_pin(key) is None and tensor() is not None:
+                    self._released = [ref for ref in self._released if ref() is not None]
+                    self._released.append(tensor)
+        return tuple(released)
+
+    def _release_if_stale(self) -> None:
+        """Release stale pins, if any (a few pointer reads when none is): before a captured replay, or before
+        translating host addresses for kernels."""
+        if any(pin.why_stale() is not None for pin in self._live_pins):
+            self._release_stale_pins()
+
+    def _refuse_stale_regions(self, batch: SwapBatch) -> None:
+        """Before a swap: release stale pins, and refuse ``batch`` (naming the region) when it names one."""
+        pins = self._live_pins
+        if not pins or all(pin.why_stale() is None for pin in pins):
+            return
+        reasons = {region: pin.why_stale() for pin in pins for region in pin.regions}
+        released = set(self._release_stale_pins())
+        if not released:
+            return
+        stale = torch.tensor([region in released for region in batch.regions], dtype=torch.bool)
+        hit = stale[batch.src_region] | stale[batch.dst_region]
+        if bool(hit.any()):
+            i = int(hit.nonzero()[0])
+            k = int(batch.src_region[i]) if bool(stale[batch.src_region[i]]) else int(batch.dst_region[i])
+            region = batch.regions[k]
+            raise InvalidDescriptorError(
+                f"swap descriptor {i} names region {region.label!r} [{region.start:#x}, {region.end:#x}), "
+                f"whose tensor's memory is no longer there ({reasons.get(region) or 'moved'}); its registration "
+                "was released and nothing was copied. Unpin a tensor before resizing or re-pointing it",
+                i,
+            )
+
+    def _publish_pins(self) -> None:
+        """Under the lock: publish the immutable snapshot the swap path reads, and move the generation."""
+        self._live_pins = tuple(pin for pin in self._pins.values() if pin.regions)
+        self._pin_generation += 1
+
+    def _wait_for_device_work(self) -> None:
+        """Vendor hook: wait for queued copies that may touch host memory about to be unregistered."""
 
     def _register_host_chunk(self, address: int, size: int, index: int) -> int | None:
         """Vendor hook: register one host chunk; return its device alias or None."""
@@ -237,16 +408,24 @@ class HiSparseBackend:
     ) -> Region:
         """Make ``[address, address + size)`` a valid swap source or destination.
 
-        For memory the backend did not pin and no cache view covers (a staging buffer, say).
+        For memory the backend did not pin and no cache view covers (a staging buffer, say). The range
+        must stay mapped and writable for as long as the region is registered: the backend keeps no
+        reference to the memory, so the caller unregisters it before freeing or unmapping it (a swap
+        into freed memory corrupts whatever the allocator put there).
 
         Raises:
             InvalidArgumentError: address or size not an int (a bool is refused), non-positive size,
-                negative address, a range past the int64 address space, or overlap with a known region.
+                negative address, a range past the int64 address space, host memory that is not mapped
+                writable (checked for host regions), or overlap with a known region.
         """
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (address, size)):
             raise InvalidArgumentError(f"register_region: address and size must be ints, got {address!r}, {size!r}")
         region = Region(address, size, "explicit", label or f"explicit {address:#x}", device or self.device)
+        check_region(region)
         with self._lock:
+            self._release_stale_pins()
+            if region.device.type == "cpu" and self.regions.overlapping(region.start, region.end) is None:
+                self._refuse_unwritable(address, size, "register_region", f"region {region.label!r}")
             self.regions.add(region)
             self._explicit[address] = region
         return region
@@ -329,22 +508,12 @@ class HiSparseBackend:
         kv_caches.update(views)
 
     def _replace_cache_regions(self, regions: list[Region]) -> None:
-        """Swap the KV-cache regions of the last ``prepare_kv_cache_views`` for ``regions``, all or none."""
+        """Swap the KV-cache regions of the last ``prepare_kv_cache_views`` for ``regions`` in one table change:
+        all or none, and no swap ever sees neither set."""
         with self._lock:
-            previous = self._cache_regions
-            for region in previous:
-                self.regions.remove(region)
-            added: list[Region] = []
-            try:
-                for region in regions:
-                    added.append(self.regions.add(region))
-            except BaseException:
-                for region in added:
-                    self.regions.remove(region)
-                for region in previous:
-                    self.regions.add(region)
-                raise
-            self._cache_regions = tuple(added)
+            self._release_stale_pins()
+            self.regions.update(remove=self._cache_regions, add=regions)
+            self._cache_regions = tuple(regions)
 
     # ----------------------------------------------------------------- per-step operations
     def _enqueue_cache_op(self, name: str, run: Callable[[], None], check: Callable[[], None]) -> None:
@@ -403,12 +572,14 @@ class HiSparseBackend:
         engine must issue dependent copies in separate calls.
 
         Raises:
-            InvalidDescriptorError: naming the first bad descriptor; nothing was copied.
+            InvalidDescriptorError: naming the first bad descriptor (or the region of a pinned tensor whose
+                memory moved, see :meth:`pin_tensor`); nothing was copied.
             DeviceRuntimeError: the vendor's copy call failed.
         """
         batch = self.regions.check_swap_batch(src, dst, sizes)
         if batch.count == 0:
             return
+        self._refuse_stale_regions(batch)
         self._enqueue_swap(batch)
 
     def _enqueue_swap(self, batch: SwapBatch) -> None:

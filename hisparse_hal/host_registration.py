@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import mmap
+import os
 from collections.abc import Callable, Sequence
 
 from .errors import InvalidArgumentError
@@ -24,6 +25,7 @@ __all__ = [
     "plan_host_chunks",
     "register_in_chunks",
     "default_chunk_bytes",
+    "unwritable_part",
 ]
 
 log = logging.getLogger(__name__)
@@ -136,3 +138,39 @@ def register_in_chunks(
                 log.exception("rollback: releasing host chunk %#x (+%d) failed", chunk.address, chunk.size)
         raise
     return tuple(done)
+
+
+#: Where Linux lists this process's mappings and their permissions.
+MAPS_PATH = "/proc/self/maps"
+
+
+def unwritable_part(address: int, size: int, maps_path: str = MAPS_PATH) -> str | None:
+    """Why some byte of ``[address, address + size)`` is not writable memory of this process, or None.
+
+    Reads the mapping permissions from ``/proc/self/maps`` (one pass over a few hundred lines; call it at
+    registration, never per swap). Where the file does not exist (not Linux) nothing can be said: None.
+    What the OS cannot tell is not detected either: memory of an immutable Python object (``bytes``
+    viewed through ``torch.frombuffer``) lies in a writable heap mapping, and torch keeps no read-only flag.
+
+    Returns:
+        ``"[lo, hi) is not mapped"`` or ``"[lo, hi) is mapped r--p (path)"`` for the first bad piece.
+    """
+    if not os.path.exists(maps_path):
+        return None
+    cursor, end = address, address + size
+    with open(maps_path) as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            low_text, _, high_text = fields[0].partition("-")
+            low, high = int(low_text, 16), int(high_text, 16)
+            if high <= cursor:
+                continue
+            if low > cursor:
+                return f"[{cursor:#x}, {min(low, end):#x}) is not mapped"
+            if "w" not in fields[1]:
+                where = fields[5].strip() if len(fields) > 5 else "anonymous"
+                return f"[{cursor:#x}, {min(high, end):#x}) is mapped {fields[1]} ({where or 'anonymous'})"
+            cursor = high
+            if cursor >= end:
+                return None
+    return f"[{cursor:#x}, {end:#x}) is not mapped"

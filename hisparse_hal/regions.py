@@ -11,13 +11,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from .errors import InvalidArgumentError, InvalidDescriptorError
 
-__all__ = ["Region", "RegionTable", "SwapBatch", "check_descriptor_tensors"]
+__all__ = ["Region", "RegionTable", "SwapBatch", "check_descriptor_tensors", "check_region"]
 
 REGION_KINDS = ("pinned_host", "device_cache", "explicit")
 #: One past the last byte a region may cover: descriptors are int64 tensors.
@@ -146,26 +146,24 @@ class RegionTable:
     """The regions a backend knows, kept sorted for vectorized lookup. Thread-safe.
 
     Regions never overlap: adding one that overlaps a known region is an error, so every address
-    belongs to at most one region.
+    belongs to at most one region. Every change builds a new immutable :class:`_TableView` under the
+    lock and swaps it in with one assignment; readers (iteration, lookups, swap checks) take the
+    current view without the lock and see one consistent generation.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._regions: list[Region] = []
-        self._starts = torch.empty(0, dtype=torch.int64)
-        self._ends = torch.empty(0, dtype=torch.int64)
-        self._start_list: list[int] = []
-        self._end_list: list[int] = []
-        self._next_starts = torch.empty(0, dtype=torch.int64)
-        # Bucket tables by (first, last) region index; replaced (not cleared) on every change, so a
-        # check that took a snapshot keeps the tables of the regions it snapshotted.
-        self._lookups: dict[tuple[int, int], _BucketLookup | None] = {}
+        self._view = _TableView.build(())
 
     def __len__(self) -> int:
-        return len(self._regions)
+        return len(self._view.regions)
 
     def __iter__(self) -> Iterator[Region]:
-        return iter(list(self._regions))
+        return iter(self._view.regions)
+
+    def snapshot(self) -> tuple[Region, ...]:
+        """The known regions, sorted by start, as one consistent tuple."""
+        return self._view.regions
 
     def add(self, region: Region) -> Region:
         """Add ``region``.
@@ -174,31 +172,7 @@ class RegionTable:
             InvalidArgumentError: the region is empty, has a negative start, ends past the int64 address
                 space, has an unknown kind, or overlaps a known region (both are named).
         """
-        if region.size <= 0:
-            raise InvalidArgumentError(f"region {region.label!r} must have size > 0, got {region.size}")
-        if region.start < 0:
-            raise InvalidArgumentError(
-                f"region {region.label!r} has negative start address {region.start}"
-            )
-        if region.end > MAX_ADDRESS:  # the descriptor check works in int64; such a region cannot be indexed
-            raise InvalidArgumentError(
-                f"region {region.label!r} [{region.start:#x}, {region.end:#x}) ends beyond the largest address "
-                f"a swap descriptor can hold ({MAX_ADDRESS:#x}); check its start and size"
-            )
-        if region.kind not in REGION_KINDS:
-            raise InvalidArgumentError(
-                f"region kind must be one of {REGION_KINDS}, got {region.kind!r}"
-            )
-        with self._lock:
-            for known in self._regions:
-                if region.start < known.end and known.start < region.end:
-                    raise InvalidArgumentError(
-                        f"region {region.label!r} [{region.start:#x}, {region.end:#x}) overlaps "
-                        f"known region {known.label!r} [{known.start:#x}, {known.end:#x}); "
-                        "release the known region first"
-                    )
-            self._regions.append(region)
-            self._rebuild()
+        self.update(add=(region,))
         return region
 
     def remove(self, region: Region) -> None:
@@ -207,33 +181,51 @@ class RegionTable:
         Raises:
             InvalidArgumentError: the region is not known.
         """
+        self.update(remove=(region,))
+
+    def update(self, *, add: Sequence[Region] = (), remove: Sequence[Region] = ()) -> None:
+        """Forget the regions ``remove`` and add the regions ``add`` in one change: all or nothing.
+
+        One sort and one rebuild whatever the count, so registering a pool of n chunks costs
+        O(n log n), not one rebuild per chunk.
+
+        Raises:
+            InvalidArgumentError: a region to remove is not known, or a region to add is invalid or
+                overlaps a known region or another added one (as :meth:`add`); nothing changed.
+        """
+        for region in add:
+            check_region(region)
         with self._lock:
-            try:
-                self._regions.remove(region)
-            except ValueError:
-                raise InvalidArgumentError(
-                    f"region {region.label!r} at {region.start:#x} is not registered"
-                ) from None
-            self._rebuild()
+            kept = self._view.regions
+            if remove:
+                gone = set(remove)
+                known = set(kept)
+                for region in remove:
+                    if region not in known:
+                        raise InvalidArgumentError(
+                            f"region {region.label!r} at {region.start:#x} is not registered"
+                        )
+                kept = tuple(r for r in kept if r not in gone)
+            regions = sorted((*kept, *add), key=lambda r: r.start) if add else list(kept)
+            _check_no_overlap(regions, add)
+            self._view = _TableView.build(tuple(regions))
+
+    def overlapping(self, start: int, end: int) -> Region | None:
+        """The first known region overlapping ``[start, end)``, or None (a binary search)."""
+        view = self._view
+        k = max(bisect.bisect_right(view.start_list, start) - 1, 0)
+        for region in view.regions[k:k + 2]:  # the region holding start, else the next one
+            if region.start < end and start < region.end:
+                return region
+        return None
 
     def find(self, address: int) -> Region | None:
         """The region containing ``address``, or None."""
-        with self._lock:
-            for region in self._regions:
-                if region.start <= address < region.end:
-                    return region
+        view = self._view
+        k = bisect.bisect_right(view.start_list, address) - 1
+        if k >= 0 and address < view.end_list[k]:
+            return view.regions[k]
         return None
-
-    def _rebuild(self) -> None:
-        self._regions.sort(key=lambda r: r.start)
-        self._starts = torch.tensor([r.start for r in self._regions], dtype=torch.int64)
-        self._ends = torch.tensor([r.end for r in self._regions], dtype=torch.int64)
-        self._start_list = [r.start for r in self._regions]
-        self._end_list = [r.end for r in self._regions]
-        # The start of the next region per region (MAX_ADDRESS after the last): the bucket lookup's
-        # one correction step compares against it.
-        self._next_starts = torch.tensor(self._start_list[1:] + [MAX_ADDRESS], dtype=torch.int64)
-        self._lookups = {}
 
     def check_swap_batch(self, src: object, dst: object, sizes: object) -> SwapBatch:
         """Validate a whole swap batch before anything is copied.
@@ -255,9 +247,7 @@ class RegionTable:
         check_descriptor_tensors(src, dst, sizes)
         assert isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)
         assert isinstance(sizes, torch.Tensor)
-        with self._lock:
-            view = _TableView(tuple(self._regions), self._starts, self._ends, self._next_starts,
-                              self._start_list, self._end_list, self._lookups)
+        view = self._view  # one immutable generation, swapped in whole by update()
         n = src.numel()
         # One copy of all three arrays, not views: the caller may overwrite its arrays as soon as we
         # return (and another thread could edit them between this check and the copy engine).
@@ -319,17 +309,78 @@ class RegionTable:
         return "is not inside any known region"
 
 
+def check_region(region: Region) -> None:
+    """Raise ``InvalidArgumentError`` for a region no table may hold (naming it and the bad value)."""
+    if region.size <= 0:
+        raise InvalidArgumentError(f"region {region.label!r} must have size > 0, got {region.size}")
+    if region.start < 0:
+        raise InvalidArgumentError(f"region {region.label!r} has negative start address {region.start}")
+    if region.end > MAX_ADDRESS:  # the descriptor check works in int64; such a region cannot be indexed
+        raise InvalidArgumentError(
+            f"region {region.label!r} [{region.start:#x}, {region.end:#x}) ends beyond the largest address "
+            f"a swap descriptor can hold ({MAX_ADDRESS:#x}); check its start and size"
+        )
+    if region.kind not in REGION_KINDS:
+        raise InvalidArgumentError(f"region kind must be one of {REGION_KINDS}, got {region.kind!r}")
+
+
+def _check_no_overlap(regions: Sequence[Region], added: Sequence[Region]) -> None:
+    """Raise ``InvalidArgumentError`` naming the first two overlapping regions of a start-sorted sequence (the one
+    being added first)."""
+    new = set(added)
+    for known, region in zip(regions, regions[1:], strict=False):
+        if region.start < known.end:
+            if known in new and region not in new:
+                known, region = region, known
+            raise InvalidArgumentError(
+                f"region {region.label!r} [{region.start:#x}, {region.end:#x}) overlaps "
+                f"known region {known.label!r} [{known.start:#x}, {known.end:#x}); "
+                "release the known region first"
+            )
+
+
 @dataclasses.dataclass(frozen=True)
 class _TableView:
-    """One consistent snapshot of a :class:`RegionTable`, taken under its lock."""
+    """One generation of a :class:`RegionTable`: immutable except the bucket-table memo, which has its lock."""
 
     regions: tuple[Region, ...]
     starts: torch.Tensor
     ends: torch.Tensor
     next_starts: torch.Tensor
-    start_list: list[int]
-    end_list: list[int]
+    start_list: tuple[int, ...]
+    end_list: tuple[int, ...]
     lookups: dict[tuple[int, int], _BucketLookup | None]
+    lookups_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    @classmethod
+    def build(cls, regions: tuple[Region, ...]) -> _TableView:
+        """The view of start-sorted, non-overlapping ``regions``."""
+        start_list = tuple(r.start for r in regions)
+        end_list = tuple(r.end for r in regions)
+        # The start of the next region per region (MAX_ADDRESS after the last): the bucket lookup's
+        # one correction step compares against it.
+        return cls(
+            regions,
+            torch.tensor(start_list, dtype=torch.int64),
+            torch.tensor(end_list, dtype=torch.int64),
+            torch.tensor(start_list[1:] + (MAX_ADDRESS,), dtype=torch.int64),
+            start_list,
+            end_list,
+            {},
+        )
+
+    def lookup(self, first: int, last: int) -> _BucketLookup | None:
+        """The bucket lookup of regions ``first..last``, built once per view (under the memo's lock)."""
+        key = (first, last)
+        with self.lookups_lock:
+            if key in self.lookups:
+                return self.lookups[key]
+        lookup = _BucketLookup.build(self.start_list, self.end_list, first, last, self.starts)
+        with self.lookups_lock:
+            if len(self.lookups) >= _MAX_LOOKUPS:
+                self.lookups.clear()
+            self.lookups[key] = lookup
+        return lookup
 
     def side_regions(
         self, addresses: torch.Tensor, sizes: torch.Tensor, low: int, high: int, high_size: int
@@ -351,14 +402,7 @@ class _TableView:
         last = bisect.bisect_right(self.start_list, high) - 1
         if high >= self.end_list[last] or last == first:
             return None  # the highest address lies in a gap, or one region's end is overrun
-        key = (first, last)
-        try:
-            lookup = self.lookups[key]
-        except KeyError:  # built once per region pair and table change; racing threads build equal ones
-            if len(self.lookups) >= _MAX_LOOKUPS:
-                self.lookups.clear()
-            lookup = self.lookups[key] = _BucketLookup.build(self.start_list, self.end_list, first, last,
-                                                              self.starts)
+        lookup = self.lookup(first, last)
         if lookup is None:
             return None
         # -width <= room <= width and 0 <= size <= high_size: room - size cannot wrap below -2**63.
@@ -409,7 +453,7 @@ class _BucketLookup:
 
     @classmethod
     def build(
-        cls, start_list: list[int], end_list: list[int], first: int, last: int, starts: torch.Tensor
+        cls, start_list: Sequence[int], end_list: Sequence[int], first: int, last: int, starts: torch.Tensor
     ) -> _BucketLookup | None:
         """The lookup for regions ``first..last`` (``first < last``), or None when it would need more than
         :data:`MAX_BUCKETS` buckets (regions of very different sizes: a small one beside a large one)."""

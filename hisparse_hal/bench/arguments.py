@@ -89,6 +89,12 @@ def validate(args: argparse.Namespace) -> None:
         return
     if args.submission:
         return
+    if getattr(args, "pinning", False):
+        positive_ints(args.pin_chunks, "--pin-chunks")
+        if args.pin_mib < 1:
+            raise InvalidArgumentError(f"--pin-mib must be at least 1 (MiB of host pool), got {args.pin_mib}")
+        check_fits(args.pin_mib << 20, f"bench --pinning --pin-mib {args.pin_mib}")
+        return
     if args.swap_mib < 1:
         raise InvalidArgumentError(f"--swap-mib must be at least 1 (MiB per swap case), got {args.swap_mib}")
     check_fits(swap_bytes_needed(args.swap_mib), f"bench --swap-mib {args.swap_mib}")

@@ -15,7 +15,7 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``hisparse-hal bench`` (every mode)."""
-    from . import cache_ops
+    from . import cache_ops, pinning
 
     parser.add_argument("--backend", default=None, help="backend name (strict); default: the selected one")
     parser.add_argument("--swap-mib", type=int, default=64, help="bytes per swap case, in MiB (default 64)")
@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead: host cost from swap_blocks_batch to the vendor batch call, through the "
                         "SIMULATED CUDA driver and HIP runtime of a source checkout, beside plain Python marshalling")
     cache_ops.add_arguments(parser)
+    pinning.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +36,10 @@ def run(args: argparse.Namespace) -> int:
         from . import cache_ops
 
         return cache_ops.run(args)
+    if getattr(args, "pinning", False):
+        from . import pinning
+
+        return pinning.run(args)
     if getattr(args, "submission", False):
         from . import submission
 

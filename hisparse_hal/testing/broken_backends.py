@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from hisparse_hal.backend import _Pin
 from hisparse_hal.cache_ops.bound import CacheOps
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.host_registration import PAGE_BYTES, HostChunk, HostRegistration, plan_host_chunks
@@ -108,7 +109,9 @@ class PinWithoutRollback(CpuBackend):
             alias = self._register_host_chunk(a, s, index)  # a failure here leaves earlier chunks behind
             chunks.append(HostChunk(a, s, alias))
             regions.append(self.regions.add(Region(a, s, "pinned_host", f"pinned {a:#x}", torch.device("cpu"), alias)))
-            self._pins[(address, size)] = (HostRegistration(address, size, tuple(chunks), True, None), tuple(regions))
+            record = HostRegistration(address, size, tuple(chunks), True, None)
+            self._pins[(address, size)] = _Pin(record, tuple(regions), tensor)
+            self._publish_pins()
 
 
 class CaptureRunsImmediately(CpuBackend):

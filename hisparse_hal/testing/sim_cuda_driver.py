@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -113,6 +113,8 @@ class SimulatedCudaDriver:
         max_register_bytes: one registration of at least this many bytes fails (None: no limit).
         host_pointer_usable: the value of device attribute 91 (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM).
         device_pointer_error: an error name every ``cuMemHostGetDevicePointer`` returns (None: none).
+        fail_unregister_calls: the ``cuMemHostUnregister`` calls (1-based) that fail with
+            CUDA_ERROR_UNKNOWN and leave the range registered.
     """
 
     # Two of the function pointers __init__ sets (one per PROTOTYPES entry), declared for the tests that call them.
@@ -129,6 +131,7 @@ class SimulatedCudaDriver:
         max_register_bytes: int | None = None,
         host_pointer_usable: bool = True,
         device_pointer_error: str | None = None,
+        fail_unregister_calls: Collection[int] = (),
     ) -> None:
         self.driver_version = driver_version
         self.device_count = device_count
@@ -137,6 +140,8 @@ class SimulatedCudaDriver:
         self.max_register_bytes = max_register_bytes
         self.host_pointer_usable = host_pointer_usable
         self.device_pointer_error = device_pointer_error
+        self.fail_unregister_calls = frozenset(fail_unregister_calls)
+        self._unregister_calls = 0
         #: Every call: (symbol, details dict).
         self.calls: list[tuple[str, dict[str, Any]]] = []
         #: Exceptions raised inside callbacks (a callback must never raise into C); tests assert empty.
@@ -421,8 +426,11 @@ class SimulatedCudaDriver:
     def _cuMemHostUnregister(self, address: int | None) -> int:
         status = self._gate(needs_context=True)
         self.calls.append(("cuMemHostUnregister", {"address": address or 0}))
+        self._unregister_calls += 1
         if status:
             return status
+        if self._unregister_calls in self.fail_unregister_calls:
+            return CODES["CUDA_ERROR_UNKNOWN"]
         if not address or address not in self.registered:
             return CODES["CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"]
         del self.registered[address]

@@ -19,7 +19,7 @@ import dataclasses
 import itertools
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -105,6 +105,8 @@ class SimulatedHipRuntime:
         alias_offset: device alias = host address + this (0 models systems where they coincide).
         fail_register_on_call: the n-th ``hipHostRegister`` call (1-based) returns hipErrorOutOfMemory.
         fail_device_pointer_on_call: the n-th ``hipHostGetDevicePointer`` call returns hipErrorInvalidValue.
+        fail_unregister_on_calls: the ``hipHostUnregister`` calls (1-based) that return hipErrorUnknown and
+            leave the range registered.
         unknown_memory_is_device: treat memory never adopted nor registered as device memory (for suites
             that allocate "device" tensors on the CPU without telling the simulator); aliases still fail.
         run_copies_immediately: copy at enqueue instead of at :meth:`synchronize` (for callers whose
@@ -118,6 +120,7 @@ class SimulatedHipRuntime:
         alias_offset: int = 1 << 47,
         fail_register_on_call: int | None = None,
         fail_device_pointer_on_call: int | None = None,
+        fail_unregister_on_calls: Collection[int] = (),
         unknown_memory_is_device: bool = False,
         run_copies_immediately: bool = False,
     ) -> None:
@@ -127,6 +130,7 @@ class SimulatedHipRuntime:
         self.alias_offset = alias_offset
         self.fail_register_on_call = fail_register_on_call
         self.fail_device_pointer_on_call = fail_device_pointer_on_call
+        self.fail_unregister_on_calls = frozenset(fail_unregister_on_calls)
         self.calls: Counter[str] = Counter()
         self.batch_sizes: list[int] = []
         self.batch_attribute_orders: list[tuple[int, ...]] = []
@@ -354,6 +358,9 @@ class SimulatedHipRuntime:
         status = self._status()
         if status is not None:
             return status
+        if self.calls["hipHostUnregister"] in self.fail_unregister_on_calls:
+            self.last_error_detail = "injected unregistration failure"
+            return HIP_ERROR_UNKNOWN
         if self.registrations.pop(address or 0, None) is None:
             return HIP_ERROR_HOST_MEMORY_NOT_REGISTERED
         return HIP_SUCCESS
@@ -430,6 +437,9 @@ class _SimulatedRocmBackendMixin:
 
     def is_current_stream_capturing(self) -> bool:
         return self.simulated_capturing
+
+    def _wait_for_device_work(self) -> None:
+        self.simulator.synchronize()  # what torch.cuda.synchronize is on a real GPU: every queued copy lands
 
     def device_view_of_host(self, host_tensor: torch.Tensor) -> torch.Tensor:
         """Simulated kernels run on the CPU, where only the host address is readable: resolve the real device

@@ -89,6 +89,10 @@ def test_help_documents_the_exit_codes():
     (["--cache-ops", "--requests", "4", "--context", "2048"], "--context must be a multiple of 64 and at least 2304"),
     (["--cache-ops", "--requests", "100000"], "needs about"),
     (["--json", "/proc/x.json"], "--json '/proc/x.json': cannot write in '/proc'"),
+    (["--pinning", "--pin-chunks", "4096,0"],
+     "--pin-chunks must be positive integers separated by commas, got '4096,0'"),
+    (["--pinning", "--pin-mib", "0"], "--pin-mib must be at least 1 (MiB of host pool), got 0"),
+    (["--pinning", "--pin-mib", "100000000"], "bench --pinning --pin-mib 100000000 needs about"),
 ])
 def test_bench_refuses_a_bad_value_in_one_line_before_measuring(args, message):
     done = _run("bench", "--backend", "cpu", *args, timeout=120)

@@ -80,3 +80,19 @@ def test_chunk_cap_from_environment(monkeypatch):
         InvalidArgumentError, match=r"HISPARSE_HAL_PIN_CHUNK_BYTES must be a positive byte count, got 'lots'"
     ):
         default_chunk_bytes()
+
+
+def test_unwritable_part_names_a_gap_or_a_read_only_mapping_and_accepts_writable_ones(tmp_path):
+    from hisparse_hal.host_registration import unwritable_part
+
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "1000-3000 rw-p 00000000 00:00 0 \n"
+        "3000-4000 rw-s 00000000 00:05 12 /dev/shm/pool\n"
+        "6000-8000 r--p 00000000 08:01 99 /usr/lib/libx.so\n"
+    )
+    assert unwritable_part(0x1800, 0x2000, str(maps)) is None  # across two writable mappings
+    assert unwritable_part(0x3800, 0x1000, str(maps)) == "[0x4000, 0x4800) is not mapped"
+    assert unwritable_part(0x6100, 0x10, str(maps)) == "[0x6100, 0x6110) is mapped r--p (/usr/lib/libx.so)"
+    assert unwritable_part(0x9000, 0x10, str(maps)) == "[0x9000, 0x9010) is not mapped"
+    assert unwritable_part(0x1000, 8, str(tmp_path / "absent")) is None  # not Linux: nothing can be said

@@ -218,5 +218,5 @@ def test_bucket_table_size_is_bounded():
     table = _engine_table()
     src, dst, sizes = _spill(100, seed=9)
     table.check_swap_batch(_i64(src), _i64(dst), _i64(sizes))
-    lookups = [lookup for lookup in table._lookups.values() if lookup is not None]
+    lookups = [lookup for lookup in table._view.lookups.values() if lookup is not None]
     assert lookups and all(lookup.table.numel() <= regions_module.MAX_BUCKETS for lookup in lookups)

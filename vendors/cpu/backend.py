@@ -117,16 +117,19 @@ class CpuBackend(HiSparseBackend):
         return super().register_region(address, size, label, device=_CPU)
 
     def unregister_region(self, region: Region) -> None:
-        """Forget an explicit region. Raises ``CaptureMisuseError`` while capturing."""
+        """Forget an explicit region once delayed swaps in flight have landed (they may write it).
+        Raises ``CaptureMisuseError`` while capturing."""
         refuse_while_capturing("unregister_region")
+        self._delayed.drain()
         super().unregister_region(region)
 
     def prepare_kv_cache_views(
         self, kv_cache_config: Any, kv_caches: dict[str, Any], forward_context: dict[str, Any]
     ) -> None:
-        """Install typed views (see the base class: any config object is read). Raises ``CaptureMisuseError`` while
-        capturing."""
+        """Install typed views (see the base class: any config object is read) once delayed swaps in flight have
+        landed (they may write the cache regions this replaces). Raises ``CaptureMisuseError`` while capturing."""
         refuse_while_capturing("prepare_kv_cache_views")
+        self._delayed.drain()
         super().prepare_kv_cache_views(kv_cache_config, kv_caches, forward_context)
 
     def _register_host_chunk(self, address: int, size: int, index: int) -> int | None:
@@ -162,7 +165,8 @@ class CpuBackend(HiSparseBackend):
         regions = tuple(batch.regions[i] for i in used)
 
         def check() -> None:
-            live = set(self.regions)
+            self._release_if_stale()  # a pinned tensor moved since the capture: its region goes
+            live = set(self.regions.snapshot())
             for region in regions:
                 if region not in live:
                     raise InvalidDescriptorError(

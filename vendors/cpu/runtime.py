@@ -2,13 +2,15 @@
 locking, ``memmove`` byte copies) or reads ``RLIMIT_MEMLOCK``; the role ``runtime.py`` has in ``cuda/``
 (libcuda) and ``rocm/`` (libamdhip64).
 
-Invariant: a page stays locked while any live locked range touches it. Ranges pinned by different
-tensors never overlap, but two may share a boundary page; unlocking one leaves shared pages locked.
+Invariant: a page stays locked while any live locked range in the process touches it, whichever backend
+locked it (``mlock`` does not count: one ``munlock`` unlocks a page however often it was locked), so
+unlocking a range leaves its pages that another live range shares locked.
 When the OS refuses (RLIMIT_MEMLOCK, no CAP_IPC_LOCK) the range is reported as not locked, never raised.
 """
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import ctypes.util
 import errno
@@ -93,8 +95,50 @@ def _refusal_hint(code: int) -> str:
     return "the range is over this process's RLIMIT_MEMLOCK (raise it with `ulimit -l`)"
 
 
+class _PageLedger:
+    """Every live locked page span ``(lo, hi)`` of the process, sorted (a span locked twice is held twice)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._spans: list[tuple[int, int]] = []
+        self._longest = 0  # the longest span ever held: how far back a span reaching ``lo`` can start
+
+    def hold(self, lo: int, hi: int) -> None:
+        """Record one more holder of ``[lo, hi)`` (call with :attr:`lock` held)."""
+        bisect.insort(self._spans, (lo, hi))
+        self._longest = max(self._longest, hi - lo)
+
+    def drop(self, lo: int, hi: int) -> None:
+        """Forget one holder of ``[lo, hi)`` (call with :attr:`lock` held)."""
+        i = bisect.bisect_left(self._spans, (lo, hi))
+        if i < len(self._spans) and self._spans[i] == (lo, hi):
+            del self._spans[i]
+
+    def uncovered(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The pieces of ``[lo, hi)`` no held span touches, in order (call with :attr:`lock` held)."""
+        first = bisect.bisect_left(self._spans, (lo - self._longest, -1))
+        last = bisect.bisect_left(self._spans, (hi, -1))
+        pieces, cursor = [], lo
+        for other_lo, other_hi in self._spans[first:last]:  # sorted by start, all starting before hi
+            if other_hi <= cursor:
+                continue
+            if other_lo > cursor:
+                pieces.append((cursor, other_lo))
+            cursor = max(cursor, other_hi)
+            if cursor >= hi:
+                break
+        if cursor < hi:
+            pieces.append((cursor, hi))
+        return pieces
+
+
+#: The process's one ledger: every :class:`PageLocker` (one per CPU backend) shares it.
+_LEDGER = _PageLedger()
+
+
 class PageLocker:
-    """Locks and unlocks host byte ranges, keeping shared boundary pages locked.
+    """Locks and unlocks host byte ranges for one backend; pages another live range of the process (any
+    backend's) still touches stay locked.
 
     ``mlock``/``munlock`` are attributes (``call(address, size) -> 0 or errno``) so tests can make the
     OS refuse.
@@ -103,18 +147,17 @@ class PageLocker:
     def __init__(self) -> None:
         self.mlock: Callable[[int, int], int] = _libc_call("mlock")
         self.munlock: Callable[[int, int], int] = _libc_call("munlock")
-        self._lock = threading.Lock()
         self._locked: dict[tuple[int, int], tuple[int, int]] = {}  # (address, size) -> page span
         self._refusal_logged = False
 
     def is_locked(self, address: int, size: int) -> bool:
         """Whether ``[address, address + size)`` was locked by :meth:`lock` and not yet unlocked."""
-        with self._lock:
+        with _LEDGER.lock:
             return (address, size) in self._locked
 
     def locked_ranges(self) -> tuple[tuple[int, int], ...]:
-        """Every ``(address, size)`` currently locked."""
-        with self._lock:
+        """Every ``(address, size)`` this locker holds locked."""
+        with _LEDGER.lock:
             return tuple(self._locked)
 
     def lock(self, address: int, size: int) -> bool:
@@ -127,15 +170,15 @@ class PageLocker:
             DeviceRuntimeError: any other ``mlock`` failure (EINVAL: a bad range).
         """
         lo, hi = _page_span(address, size)
-        with self._lock:
+        with _LEDGER.lock:
             code = self.mlock(lo, hi - lo)
             if code == 0:
                 self._locked[(address, size)] = (lo, hi)
+                _LEDGER.hold(lo, hi)
                 return True
-            # A failed mlock may have locked part of the range; undo that, sparing shared pages.
-            undo_lo, undo_hi = self._exclusive_span(lo, hi)
-            if undo_hi > undo_lo:
-                self.munlock(undo_lo, undo_hi - undo_lo)
+            # A failed mlock may have locked part of the range; undo that, sparing pages others hold.
+            for piece_lo, piece_hi in _LEDGER.uncovered(lo, hi):
+                self.munlock(piece_lo, piece_hi - piece_lo)
         if code not in REFUSAL_ERRNOS:
             raise DeviceRuntimeError(
                 "mlock", code, errno.errorcode.get(code, str(code)),
@@ -152,25 +195,20 @@ class PageLocker:
     def unlock(self, address: int, size: int) -> None:
         """Unlock a range locked by :meth:`lock` (a range that was not locked is ignored).
 
-        Pages shared with another locked range stay locked. A failing ``munlock`` is logged: the range
-        is forgotten either way, and the lock dies with the process.
+        Pages another live locked range of the process touches stay locked. A failing ``munlock`` is
+        logged: the range is forgotten either way, and the lock dies with the process.
         """
-        with self._lock:
+        code = 0
+        with _LEDGER.lock:
             span = self._locked.pop((address, size), None)
             if span is None:
                 return
-            lo, hi = self._exclusive_span(*span)
-            code = self.munlock(lo, hi - lo) if hi > lo else 0
+            _LEDGER.drop(*span)
+            for piece_lo, piece_hi in _LEDGER.uncovered(*span):
+                code = self.munlock(piece_lo, piece_hi - piece_lo) or code
         if code:
             log.warning("cpu device: munlock of %d bytes at %#x failed with %s", size, address,
                         errno.errorcode.get(code, code))
-
-    def _exclusive_span(self, lo: int, hi: int) -> tuple[int, int]:
-        """Trim ``[lo, hi)`` so it excludes boundary pages another locked range still touches."""
-        spans = self._locked.values()
-        first_shared = any(other_lo <= lo < other_hi for other_lo, other_hi in spans)
-        last_shared = any(other_lo < hi <= other_hi for other_lo, other_hi in spans)
-        return lo + PAGE_BYTES * first_shared, hi - PAGE_BYTES * last_shared
 
 
 def memlock_limit() -> str:

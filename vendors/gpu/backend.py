@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import warnings
 from collections.abc import Iterator
 
@@ -22,6 +23,7 @@ from hisparse_hal.errors import (
     CaptureMisuseError,
     DeviceRuntimeError,
     InvalidArgumentError,
+    InvalidDescriptorError,
     UnsupportedCapabilityError,
 )
 from hisparse_hal.events import HalEvent, check_timeout_s
@@ -99,6 +101,7 @@ class TorchGpuBackend(HiSparseBackend):
         if self._device.type != "cuda" or torch.cuda.is_available():
             self._build_gather_check()
         self._alias_map: tuple[int, HostAliasMap] | None = None  # (pin generation, table)
+        self._capturing = threading.local()  # .graph: the GpuCapturedGraph this thread is capturing into
 
     # ----------------------------------------------------------------- identity
     @property
@@ -170,6 +173,10 @@ class TorchGpuBackend(HiSparseBackend):
         capturing = self.is_current_stream_capturing()
         if capturing:
             self._check_capturable(batch)
+            graph = getattr(self._capturing, "graph", None)
+            if graph is not None:
+                used = torch.unique(torch.cat([batch.src_region, batch.dst_region])).tolist()
+                graph.regions.update(batch.regions[i] for i in used)
         with self._device_scope():
             stream = self._current_stream_handle()
             path = self._swap_path(stream, capturing)
@@ -242,7 +249,8 @@ class TorchGpuBackend(HiSparseBackend):
             super().pin_tensor(tensor)
 
     def unpin_tensor(self, tensor: torch.Tensor) -> None:
-        """Release a pinned tensor chunk by chunk; a lost device context is logged, not raised.
+        """Release a pinned tensor chunk by chunk, after the device's queued copies (which may still write
+        the pool) have landed; a lost device context is logged, not raised.
 
         Raises:
             CaptureMisuseError: called while the current stream is capturing; nothing was released.
@@ -310,7 +318,9 @@ class TorchGpuBackend(HiSparseBackend):
         return int(self.device_addresses(torch.tensor([host_address], dtype=torch.int64))[0])
 
     def _host_aliases(self) -> HostAliasMap:
-        """The translation table of the live registrations, rebuilt only after a pin or unpin."""
+        """The translation table of the live registrations, rebuilt only after a pin or unpin (a pinned tensor
+        whose memory moved is released first, so kernels are never given its old address)."""
+        self._release_if_stale()
         generation = self.pin_generation  # read before the registrations: a racing pin only forces a rebuild
         cached = self._alias_map
         if cached is not None and cached[0] == generation:
@@ -351,6 +361,17 @@ class TorchGpuBackend(HiSparseBackend):
                 f"{member} cannot run while the current stream is capturing: host registration is not "
                 "a capturable operation; call it before or after the capture (the capture is still valid)"
             )
+
+    def _wait_for_device_work(self) -> None:
+        """Wait for this GPU's queued work before host memory is unregistered: a copy into the pool still
+        queued on any stream must land while the range is registered. A lost context is logged (teardown)."""
+        if self._device.type != "cuda":
+            return  # an injected test device: its simulator's mixin waits instead
+        try:
+            torch.cuda.synchronize(self.device_index)
+        except RuntimeError as error:
+            log.warning("%s: could not wait for device work before unregistering host memory: %s",
+                        self.runtime.label, error)
 
     def _register_host_chunk(self, address: int, size: int, index: int) -> int | None:
         return self.runtime.register_host(address, size)
@@ -396,10 +417,26 @@ class TorchGpuBackend(HiSparseBackend):
             # An empty capture is valid here (it replays as a no-op); torch warns that it "usually
             # means" a wrong stream, which is noise for this contract.
             warnings.filterwarnings("ignore", message="The CUDA Graph is empty", category=UserWarning)
-            captured = GpuCapturedGraph(torch.cuda.CUDAGraph())
-            with torch.cuda.graph(captured.graph):
-                yield captured
+            captured = GpuCapturedGraph(torch.cuda.CUDAGraph(), self._check_replay_regions)
+            self._capturing.graph = captured
+            try:
+                with torch.cuda.graph(captured.graph):
+                    yield captured
+            finally:
+                self._capturing.graph = None
             captured.complete = True
+
+    def _check_replay_regions(self, graph: GpuCapturedGraph) -> None:
+        """Before a replay: every region the captured swaps named is still registered (stale pins released)."""
+        self._release_if_stale()
+        live = set(self.regions.snapshot())
+        for region in graph.regions:
+            if region not in live:
+                raise InvalidDescriptorError(
+                    f"replay: a captured swap uses region {region.label!r} [{region.start:#x}, {region.end:#x}), "
+                    "released after the capture; nothing was replayed. Keep captured memory pinned or registered "
+                    "while the graph lives"
+                )
 
     # ----------------------------------------------------------------- IPC events
     def create_ipc_event(self) -> GpuIpcEvent:

@@ -3,29 +3,44 @@ only once the capture has ended."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hisparse_hal.errors import CaptureMisuseError
+from hisparse_hal.regions import Region
 
 __all__ = ["GpuCapturedGraph"]
 
 
 class GpuCapturedGraph:
-    """A ``torch.cuda.CUDAGraph`` captured by :meth:`TorchGpuBackend.capture`."""
+    """A ``torch.cuda.CUDAGraph`` captured by :meth:`TorchGpuBackend.capture`.
 
-    def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
+    ``regions`` collects the regions the captured swaps named; ``before_replay`` (the backend's check that
+    they are all still registered) runs before every replay, so a graph never copies into memory released
+    since the capture.
+    """
+
+    def __init__(
+        self, graph: torch.cuda.CUDAGraph, before_replay: Callable[[GpuCapturedGraph], None] | None = None
+    ) -> None:
         self.graph = graph
         self.complete = False
+        self.regions: set[Region] = set()
+        self.before_replay = before_replay
 
     def replay(self) -> None:
         """Run the captured work on the current stream.
 
         Raises:
             CaptureMisuseError: the capture has not ended (replay inside the ``with`` block) or failed.
+            InvalidDescriptorError: a captured swap names a region released since the capture (nothing ran).
         """
         if not self.complete:
             raise CaptureMisuseError(
                 "replay() called before the capture ended; leave the capture() block first"
             )
+        if self.before_replay is not None:
+            self.before_replay(self)
         self.graph.replay()
 

@@ -266,12 +266,14 @@ def test_register_region_rejects_non_host_device_and_unknown_unregister(backend)
         backend.register_region(0x1000, 64, device=torch.device("meta"))
     with pytest.raises(InvalidArgumentError, match=r"must be ints, got '4096'"):
         backend.register_region("4096", 64)
-    region = backend.register_region(0x1000, 64, "staging")
+    staging = torch.zeros(64, dtype=torch.uint8)
+    region = backend.register_region(staging.data_ptr(), 64, "staging")
     backend.unregister_region(region)
     with pytest.raises(InvalidArgumentError, match="'staging' was not registered explicitly"):
         backend.unregister_region(region)
+    at = torch.tensor([staging.data_ptr()])
     with pytest.raises(InvalidDescriptorError, match="not inside any known region"):
-        backend.swap_blocks_batch(torch.tensor([0x1000]), torch.tensor([0x1000]), torch.tensor([8]))
+        backend.swap_blocks_batch(at, at, torch.tensor([8]))
 
 
 @pytest.mark.parametrize("address,size", [(True, 4096), (0x1000, True), (0x1000, False)])
