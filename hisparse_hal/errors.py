@@ -12,6 +12,7 @@ __all__ = [
     "BackendUnavailableError",
     "InvalidArgumentError",
     "InvalidDescriptorError",
+    "CacheOpArityError",
     "UnionOverflowError",
     "UnpinError",
     "UnknownTableError",
@@ -51,6 +52,25 @@ class InvalidDescriptorError(InvalidArgumentError):
     def __init__(self, message: str, index: int | None = None) -> None:
         super().__init__(message)
         self.index = index
+
+
+class CacheOpArityError(InvalidArgumentError, TypeError):
+    """A cache op was called with a number of arguments (or a keyword) its vLLM 0.34.0 schema does not take;
+    nothing ran. Also a ``TypeError``, what Python raises for a wrong call, so callers catching that keep working.
+
+    ``op`` is the op's name, ``given`` the count of arguments passed, ``expected`` the counts it takes
+    (``(required, total)``).
+    """
+
+    def __init__(self, op: str, given: int, expected: tuple[int, int], detail: str = "") -> None:
+        required, total = expected
+        takes = f"{total}" if required == total else f"{required} to {total}"
+        extra = f" ({detail})" if detail else ""
+        super().__init__(f"{op} takes {takes} arguments, as vLLM 0.34.0's schema, but was given {given}{extra}; "
+                         "nothing was run")
+        self.op = op
+        self.given = given
+        self.expected = expected
 
 
 class UnpinError(InvalidArgumentError, RuntimeError):
