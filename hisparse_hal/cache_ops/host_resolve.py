@@ -1,7 +1,7 @@
 """``hisparse_resolve_residency`` for tensors in host memory: the oracle's phases as whole-array numpy passes.
 
 Invariant: every output, state tensor, stat and untouched (poisoned) element is bit-equal to ``oracle.py``
-(docs/design/cache-ops.md §2 and decisions D1-D8). Values are free to read on the host, so unlike
+(docs/design/cache-ops.md §2 and decisions D1-D9). Values are free to read on the host, so unlike
 ``torch_impl`` this path compresses to the host-backed positions (``nonzero``), groups each run's union with
 one sort of those positions' ``leader x host_rows + g`` keys, ties in position order (so a group's first member
 is its first reference), finds the groups of the slots' DGI values through a dense host-row table, classifies
