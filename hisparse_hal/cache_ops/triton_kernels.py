@@ -8,7 +8,7 @@ launches (union sizes, then the rest) so a run can see whether an earlier run wi
 
 Each launch reads as the phases of docs/design/cache-ops.md §2, one ``@triton.jit`` helper per phase (inlined by
 the compiler, as the fused-attention tutorial's ``_attn_fwd_inner``): launch 1 ``_run_state`` (0), ``_clear_table``,
-``_translate_union`` (1-2), ``_count_union``; launch 2 ``_classify_slots`` (3, slot scan and LRU walk),
+``_translate_union`` (1-2), ``_count_union``; launch 2 ``_scan_hit_slots`` and ``_classify_slots`` (3),
 ``_assign_misses`` with ``_write_swap_plan`` (4), ``_publish_indices`` (5-6, with valid and swap counts),
 ``_reorder_lru`` (7), ``_add_stats`` (6), or ``_publish_padding``.
 """
@@ -325,25 +325,34 @@ def resolve_union_kernel(
 
 
 @triton.jit
-def _classify_slots(lru_ptr, dgi_ptr, keys_ptr, kind_ptr, slot_ptr, order_ptr, s_row, order, table, table_size, H,
-                    cols_h, BLOCK_H: tl.constexpr):
-    """Phase 3 (``hisparse_kernels.cu:574-669``), tile by tile, two independent steps per tile of ``BLOCK_H``:
-    the hits, by a scan of every slot of ``DGI[s]`` in slot order whatever the LRU holds (cu:574-609; a slot
-    holding a union row serves its entry, a row held by two slots takes the later one, decision D3, by an atomic
-    max over the slot cells launch 1 cleared to -1); and the LRU walk (oldest first, cu:612-669, the test at
-    :630-632), which only sorts the entries: an in-range slot holding a union row is a hit, every other entry
-    evictable. Writes the run's ``order`` scratch (the victims, decision D5): evictables from the front, hits from
-    the back, both stable; returns the number of evictables."""
+def _scan_hit_slots(dgi_ptr, keys_ptr, kind_ptr, slot_ptr, s_row, table, table_size, H, cols_h,
+                    BLOCK_H: tl.constexpr):
+    """Phase 3, hits: scan every slot of ``DGI[s]`` in slot order, whatever the LRU holds
+    (``hisparse_kernels.cu:574-609``); a slot holding a union row serves its entry, a row held by two slots takes
+    the later one (decision D3: an atomic max over the slot cells launch 1 cleared to -1)."""
+    for i0 in range(0, H, BLOCK_H):
+        slot = i0 + cols_h
+        ms = slot < H
+        key = tl.load(dgi_ptr + s_row + slot, mask=ms, other=-1)
+        found = _find(keys_ptr, table, table_size, key, BLOCK_H)
+        hit = found >= 0
+        tl.store(kind_ptr + table + found, tl.full([BLOCK_H], _KIND_HIT, tl.int32), mask=hit)
+        tl.atomic_max(slot_ptr + table + found, slot.to(tl.int32), mask=hit)
+
+
+@triton.jit
+def _classify_slots(lru_ptr, dgi_ptr, keys_ptr, order_ptr, s_row, order, table, table_size, H, cols_h,
+                    BLOCK_H: tl.constexpr):
+    """Phase 3, the LRU walk (oldest first; ``hisparse_kernels.cu:612-669``, the test at :630-632): it only sorts
+    the entries, an in-range slot holding a union row is a hit, every other entry evictable. Writes the run's
+    ``order`` scratch (the victims, decision D5): evictables from the front, hits from the back, both stable;
+    returns the number of evictables."""
     hits = 0
     evictable = 0
     for i0 in range(0, H, BLOCK_H):
         pos = i0 + cols_h
         mp = pos < H
-        held = tl.load(dgi_ptr + s_row + pos, mask=mp, other=-1)  # slot ``pos``'s row
-        serving = _find(keys_ptr, table, table_size, held, BLOCK_H)
-        tl.store(kind_ptr + table + serving, tl.full([BLOCK_H], _KIND_HIT, tl.int32), mask=serving >= 0)
-        tl.atomic_max(slot_ptr + table + serving, pos.to(tl.int32), mask=serving >= 0)
-        slot = tl.load(lru_ptr + s_row + pos, mask=mp, other=-1).to(tl.int64)  # LRU entry ``pos``
+        slot = tl.load(lru_ptr + s_row + pos, mask=mp, other=-1).to(tl.int64)
         inr = mp & (slot >= 0) & (slot < H)
         key = tl.load(dgi_ptr + s_row + tl.where(inr, slot, 0), mask=inr, other=-1)
         hit = _find(keys_ptr, table, table_size, key, BLOCK_H) >= 0
@@ -545,8 +554,9 @@ def resolve_residency_kernel(
             order = r0 * H
             cols_h = tl.arange(0, BLOCK_H).to(tl.int64)
             if union > 0:
-                evictable = _classify_slots(lru_ptr, dgi_ptr, keys_ptr, kind_ptr, slot_ptr, order_ptr, s_row, order,
-                                            table, table_size, H, cols_h, BLOCK_H)
+                _scan_hit_slots(dgi_ptr, keys_ptr, kind_ptr, slot_ptr, s_row, table, table_size, H, cols_h, BLOCK_H)
+                evictable = _classify_slots(lru_ptr, dgi_ptr, keys_ptr, order_ptr, s_row, order, table, table_size, H,
+                                            cols_h, BLOCK_H)
                 tl.debug_barrier()
                 misses = _assign_misses(r0, r1, q, K, H, s_row, order, table, cell_base,
                                         cells_ptr, keys_ptr, first_ptr, kind_ptr, slot_ptr, order_ptr, dgi_ptr,
