@@ -14,6 +14,7 @@ __all__ = [
     "InvalidDescriptorError",
     "ScalarRangeError",
     "ResourceExhaustedError",
+    "CacheOpArityError",
     "UnionOverflowError",
     "UnpinError",
     "UnknownTableError",
@@ -65,6 +66,25 @@ class ScalarRangeError(InvalidArgumentError):
         self.value = value
         self.low = low
         self.high = high
+
+
+class CacheOpArityError(InvalidArgumentError, TypeError):
+    """A cache op was called with a number of arguments (or a keyword) its vLLM 0.34.0 schema does not take;
+    nothing ran. Also a ``TypeError``, what Python raises for a wrong call, so callers catching that keep working.
+
+    ``op`` is the op's name, ``given`` the count of arguments passed, ``expected`` the counts it takes
+    (``(required, total)``).
+    """
+
+    def __init__(self, op: str, given: int, expected: tuple[int, int], detail: str = "") -> None:
+        required, total = expected
+        takes = f"{total}" if required == total else f"{required} to {total}"
+        extra = f" ({detail})" if detail else ""
+        super().__init__(f"{op} takes {takes} arguments, as vLLM 0.34.0's schema, but was given {given}{extra}; "
+                         "nothing was run")
+        self.op = op
+        self.given = given
+        self.expected = expected
 
 
 class UnpinError(InvalidArgumentError, RuntimeError):

@@ -19,8 +19,14 @@ from hisparse_hal.stats import new_stats_counter
 
 from . import arguments
 from .selection import implementation_entries
+from .signatures import ARITY, method_signature, positional_arguments
 
 __all__ = ["BoundBackend", "CacheOps", "DeviceViews"]
+
+#: Per op: the shared argument check and its ``(required, total)`` argument counts, looked up once per call.
+_CHECKS: dict[str, tuple[Callable[..., Any], int, int]] = {
+    name: (getattr(arguments, f"check_{name}"), *ARITY[name]) for name in ARITY
+}
 
 
 class BoundBackend(Protocol):
@@ -81,48 +87,63 @@ class CacheOps:
         backend was built)."""
         return self.backend.capabilities.cache_ops
 
-    def _run(self, name: str, args: tuple[Any, ...]) -> None:
-        """Hand one cache op to the backend, which runs it now or records it into a capture."""
-        if name != "invalidate_written_slots" and args:
+    def _run(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Hand one cache op to the backend, which runs it now or records it into a capture. vLLM's positional
+        call of the right length passes straight through; keywords are bound to vLLM's names, a wrong count
+        is refused (:class:`~hisparse_hal.errors.CacheOpArityError`) before anything runs."""
+        check, required, total = _CHECKS[name]
+        if kwargs or not required <= len(args) <= total:
+            args = positional_arguments(name, args, kwargs)
+        if name != "invalidate_written_slots":
             args = (self._views.of(args[0]), *args[1:])
         entry = getattr(self._entries, name)
-        check = getattr(arguments, f"check_{name}")
         self.backend._enqueue_cache_op(name, lambda: entry(*args), lambda: check(*args))
 
-    def hisparse_resolve_residency(self, *args: Any) -> None:
-        """vLLM 0.34.0 ``hisparse_resolve_residency``: the 23 arguments of
-        :func:`hisparse_hal.cache_ops.signatures.vllm_ops`'s ``resolve_residency``, positionally.
+    def hisparse_resolve_residency(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM 0.34.0 ``hisparse_resolve_residency`` (23 arguments, the last 13 optional; vLLM passes all
+        positionally): :func:`hisparse_hal.cache_ops.signatures.vllm_ops`'s ``resolve_residency``.
 
         Raises:
+            CacheOpArityError: fewer than 10 or more than 23 arguments, or an unknown keyword (nothing ran).
             InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
             UnionOverflowError: a run's union exceeds ``max_union_rows`` (CPU device; a GPU asserts).
         """
-        self._run("resolve_residency", args)
+        self._run("resolve_residency", args, kwargs)
 
-    def hisparse_gather_compact(self, *args: Any) -> None:
-        """vLLM 0.34.0 ``hisparse_gather_compact`` (5 arguments, positionally).
+    def hisparse_gather_compact(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM 0.34.0 ``hisparse_gather_compact`` (5 arguments).
 
         Raises:
+            CacheOpArityError: not 5 arguments, or an unknown keyword (nothing ran).
             InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
         """
-        self._run("gather_compact", args)
+        self._run("gather_compact", args, kwargs)
 
-    def hisparse_gather_plan(self, *args: Any) -> None:
-        """vLLM 0.34.0 ``hisparse_gather_plan`` (5 arguments, positionally).
+    def hisparse_gather_plan(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM 0.34.0 ``hisparse_gather_plan`` (5 arguments).
 
         Raises:
+            CacheOpArityError: not 5 arguments, or an unknown keyword (nothing ran).
             InvalidArgumentError: an argument vLLM's op would reject, or a host cache not pinned here.
         """
-        self._run("gather_plan", args)
+        self._run("gather_plan", args, kwargs)
 
-    def hisparse_invalidate_written_slots(self, *args: Any) -> None:
-        """vLLM 0.34.0 ``hisparse_invalidate_written_slots`` (6 arguments, positionally).
+    def hisparse_invalidate_written_slots(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM 0.34.0 ``hisparse_invalidate_written_slots`` (6 arguments).
 
         Raises:
+            CacheOpArityError: not 6 arguments, or an unknown keyword (nothing ran).
             InvalidArgumentError: an argument vLLM's op would reject.
             UnknownTableError: an address names no registered table (CPU device; a GPU asserts).
         """
-        self._run("invalidate_written_slots", args)
+        self._run("invalidate_written_slots", args, kwargs)
+
+    # inspect.signature and help() show vLLM's parameter names; the calls above bind nothing on vLLM's path.
+    hisparse_resolve_residency.__signature__ = method_signature("resolve_residency")  # type: ignore[attr-defined]
+    hisparse_gather_compact.__signature__ = method_signature("gather_compact")  # type: ignore[attr-defined]
+    hisparse_gather_plan.__signature__ = method_signature("gather_plan")  # type: ignore[attr-defined]
+    hisparse_invalidate_written_slots.__signature__ = method_signature(  # type: ignore[attr-defined]
+        "invalidate_written_slots")
 
     resolve_residency = hisparse_resolve_residency
     gather_compact = hisparse_gather_compact

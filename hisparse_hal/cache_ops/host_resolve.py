@@ -1,7 +1,7 @@
 """``hisparse_resolve_residency`` for tensors in host memory: the oracle's phases as whole-array numpy passes.
 
 Invariant: every output, state tensor, stat and untouched (poisoned) element is bit-equal to ``oracle.py``
-(docs/design/cache-ops.md §2 and decisions D1-D8). Values are free to read on the host, so unlike
+(docs/design/cache-ops.md §2 and decisions D1-D9). Values are free to read on the host, so unlike
 ``torch_impl`` this path compresses to the host-backed positions (``nonzero``), groups each run's union with
 one sort of those positions' ``leader x host_rows + g`` keys, ties in position order (so a group's first member
 is its first reference), finds the groups of the slots' DGI values through a dense host-row table, classifies
@@ -60,13 +60,15 @@ class _Union:
 
 @dataclasses.dataclass
 class _Slots:
-    """Phase 3 for the working runs (``[L, H]``, row ``i`` = leader ``leaders[i]``): LRU, hits in LRU order,
+    """Phase 3 for the working runs (``[L, H]``, row ``i`` = leader ``leaders[i]``): LRU, which LRU entries are
+    hits, the victims (evictables in LRU order, then the hits from the most recently used end; decision D5),
     and per group its hit slot (-1 for a miss)."""
 
     leaders: np.ndarray
     row_of_leader: np.ndarray
     lru: np.ndarray
     hit: np.ndarray
+    victims: np.ndarray
     group_slot: np.ndarray
 
 
@@ -162,9 +164,10 @@ def check_union(inputs: ResolveInputs, rows: _Rows, entries: _Union) -> None:
 
 
 def classify_slots(inputs: ResolveInputs, rows: _Rows, entries: _Union) -> _Slots:
-    """Phase 3 (``hisparse_kernels.cu:574-661``) for the runs with a union: a slot holding a union row is a hit,
-    every other LRU entry (out-of-range values included) evictable; a union row held twice takes its later slot
-    in LRU order (decision D3)."""
+    """Phase 3 (``hisparse_kernels.cu:574-669``) for the runs with a union. Hits come from a scan of every slot
+    of ``DGI[s]`` whatever the LRU holds (cu:574-609): a slot holding a union row serves it, a row held twice
+    takes its later slot (decision D3). The LRU walk only sorts its entries (cu:630-632): an in-range entry whose
+    slot serves is a hit, every other entry (out-of-range values included) evictable."""
     hot_size = inputs.hot_size
     leaders = np.flatnonzero(rows.is_leader & rows.active & (entries.size > 0))
     row_of_leader = np.zeros(inputs.num_rows, dtype=_I64)
@@ -173,24 +176,32 @@ def classify_slots(inputs: ResolveInputs, rows: _Rows, entries: _Union) -> _Slot
     lru = inputs.lru_slots.numpy()[states]  # int16
     group_slot = np.full(entries.keys.size, -1, dtype=_I64)
     if hot_size == 0 or entries.keys.size == 0:
-        return _Slots(leaders, row_of_leader, lru, np.zeros(lru.shape, dtype=bool), group_slot)
-    top = min(hot_size, int(np.iinfo(lru.dtype).max) + 1)  # int16 values never reach a larger region
-    slot_ok = (lru >= 0) & (lru < top)
-    cell = states[:, None] * hot_size + np.clip(lru, 0, top - 1)
-    held = inputs.device_global_indices.numpy().reshape(-1)[cell]  # reshape: a copy only if strided
-    asked = slot_ok & (held >= 0) & (held < inputs.host_rows)
+        return _Slots(leaders, row_of_leader, lru, np.zeros(lru.shape, dtype=bool), lru.astype(_I64), group_slot)
+    held = inputs.device_global_indices.numpy()[states].astype(_I64)  # [L, H] in slot order
     found = _find_groups(inputs, entries, leaders, held)
-    hit = asked & (found >= 0)
-    at = np.nonzero(hit)
-    hit_column = np.full(entries.keys.size, -1, dtype=_I64)
+    serving = (held >= 0) & (held < inputs.host_rows) & (found >= 0)
+    at = np.nonzero(serving)  # row-major: slots ascending within a run
     hit_group = found[at]
     if np.bincount(hit_group, minlength=1).max(initial=0) > 1:  # a union row held by two slots
-        np.maximum.at(hit_column, hit_group, at[1])  # D3: the later slot in LRU order
+        np.maximum.at(group_slot, hit_group, at[1])  # D3: the later slot in slot order
     else:
-        hit_column[hit_group] = at[1]
-    held_groups = np.flatnonzero(hit_column >= 0)
-    group_slot[held_groups] = lru[row_of_leader[entries.leader[held_groups]], hit_column[held_groups]]
-    return _Slots(leaders, row_of_leader, lru, hit, group_slot)
+        group_slot[hit_group] = at[1]
+    top = min(hot_size, int(np.iinfo(lru.dtype).max) + 1)  # int16 values never reach a larger region
+    slot_ok = (lru >= 0) & (lru < top)
+    column = np.clip(lru, 0, top - 1).astype(_I64)
+    hit = slot_ok & np.take_along_axis(serving, column, 1)
+    return _Slots(leaders, row_of_leader, lru, hit, _victims(lru, hit), group_slot)
+
+
+def _victims(lru: np.ndarray, hit: np.ndarray) -> np.ndarray:
+    """Per run (``[L, H]``), miss ``m``'s victim at column ``m``: the evictables in LRU order, then the hits
+    reversed, as vLLM's compacted array read from its end (``hisparse_kernels.cu:660-668, 733``)."""
+    hot_size = lru.shape[1]
+    hits_before = np.cumsum(hit, 1, dtype=_I64)
+    at = np.where(hit, hot_size - hits_before, np.arange(hot_size, dtype=_I64) - hits_before)
+    order = np.empty(lru.shape, dtype=_I64)
+    np.put_along_axis(order, at, lru.astype(_I64), 1)
+    return order
 
 
 def _find_groups(inputs: ResolveInputs, entries: _Union, leaders: np.ndarray, held: np.ndarray) -> np.ndarray:
@@ -222,8 +233,8 @@ class _Misses:
 
 
 def assign_misses(inputs: ResolveInputs, entries: _Union, slots: _Slots) -> _Misses:
-    """Phase 4 (``hisparse_kernels.cu:677-786``): misses in first-reference order take ``evictables[m]``; an
-    out-of-range victim (or none left) trips the corruption tripwire."""
+    """Phase 4 (``hisparse_kernels.cu:677-786``): misses in first-reference order take victim ``m`` (decision D5
+    past the evictables; ``m < max_union_rows <= H``); an out-of-range victim trips the corruption tripwire."""
     hot_size = inputs.hot_size
     missed = np.flatnonzero(slots.group_slot < 0)
     group = missed[np.argsort(entries.first[missed])]  # positions are unique: any sort is exact
@@ -231,14 +242,7 @@ def assign_misses(inputs: ResolveInputs, entries: _Union, slots: _Slots) -> _Mis
     total = np.bincount(leader, minlength=inputs.num_rows)
     before = np.cumsum(total) - total
     rank = np.arange(group.size, dtype=_I64) - before[leader]
-    evictable = ~slots.hit
-    count = evictable.sum(1)
-    victims = slots.lru[evictable]  # row-major: each run's evictables in LRU order
-    offset = np.cumsum(count) - count
-    row = slots.row_of_leader[leader]
-    inside = rank < count[row] if row.size else np.zeros(0, dtype=bool)
-    slot = np.full(group.size, -1, dtype=_I64)
-    slot[inside] = victims[offset[row[inside]] + rank[inside]]
+    slot = slots.victims[slots.row_of_leader[leader], rank] if group.size else np.zeros(0, dtype=_I64)
     tripped = (slot < 0) | (slot >= hot_size)
     slots.group_slot[group] = np.where(tripped, -1, slot)
     return _Misses(group, rank, slot, tripped, total)
@@ -305,8 +309,9 @@ def _write_flat(target: torch.Tensor, index: np.ndarray, values: np.ndarray) -> 
 
 
 def store_state(inputs: ResolveInputs, rows: _Rows, entries: _Union, slots: _Slots, misses: _Misses) -> None:
-    """DGI takes the loaded rows (a slot taken twice, through a corrupted LRU, keeps the later miss); phase 7
-    (``hisparse_kernels.cu:823-835``): ``LRU = evictables[M:] + evictables[:M] + hits``, each in old order."""
+    """DGI takes the loaded rows (a slot taken twice, through a corrupted LRU, keeps the later miss: D9); phase 7
+    (``hisparse_kernels.cu:823-835``) over the victims ``V`` (``E`` evictables): ``V[M:E] + V[:M] + hits`` when
+    ``M <= E`` (``evictables[M:] + evictables[:M] + hits``), else ``V[M - E:M] + hits``, as the kernel indexes."""
     hot_size = inputs.hot_size
     loaded = np.flatnonzero(~misses.tripped)
     if loaded.size:
@@ -317,17 +322,11 @@ def store_state(inputs: ResolveInputs, rows: _Rows, entries: _Union, slots: _Slo
         _write_flat(inputs.device_global_indices, cells, entries.host[misses.group[keep]])
     if slots.leaders.size == 0 or hot_size == 0:
         return
-    lru, hit = slots.lru, slots.hit
-    hits_before = np.cumsum(hit, 1, dtype=np.int32)  # hits up to and including each column
-    hit_count = hits_before[:, -1:]
-    evict_count = hot_size - hit_count
-    hit_rank = hits_before - 1
-    evict_rank = np.arange(hot_size, dtype=np.int32) - hits_before
-    fills = np.minimum(misses.total[slots.leaders][:, None].astype(np.int32), evict_count)
-    target = np.where(hit, evict_count + hit_rank,
-                      np.where(evict_rank >= fills, evict_rank - fills, evict_count - fills + evict_rank))
-    new_lru = np.empty_like(lru)
-    np.put_along_axis(new_lru, target, lru, 1)
+    kept = hot_size - slots.hit.sum(1, keepdims=True)  # E, the evictables
+    filled = misses.total[slots.leaders][:, None]  # M
+    i = np.arange(hot_size, dtype=_I64)
+    source = np.where(i < kept - filled, i + filled, np.where(i < kept, i - kept + filled, hot_size - 1 - (i - kept)))
+    new_lru = np.take_along_axis(slots.victims, source, 1).astype(slots.lru.dtype)
     inputs.lru_slots.numpy()[rows.state[slots.leaders]] = new_lru  # distinct state rows (D1)
 
 

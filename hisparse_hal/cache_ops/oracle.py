@@ -190,40 +190,56 @@ def publish_padding(step: _Step, run: _Run) -> None:
 
 
 def classify_slots(step: _Step, run: _Run) -> tuple[list[int], list[int], dict[int, tuple[str, int]]]:
-    """Phase 3: hit slots and evictable entries in LRU order (``hisparse_kernels.cu:574-661``).
+    """Phase 3: hit slots and evictable entries in LRU order (``hisparse_kernels.cu:574-669``).
 
-    A slot holding a union row is a hit; every other LRU entry (out-of-range values included) is evictable. A
-    union row held by two slots takes the later one in LRU order (decision D3; a race in vLLM).
+    Hits are found by scanning every slot ``0 <= slot < H`` of ``DGI[s]`` in slot order, whatever the LRU holds
+    (cu:574-609, the tag at cu:603): a slot holding a union row serves it, so a slot the LRU lost still serves
+    hits. A union row held by two slots takes the later one in slot order (decision D3; a race in vLLM). The LRU
+    walk then only sorts its entries (cu:612-669, the test at cu:630-632): an in-range entry whose slot holds a
+    union row is a hit (a duplicate entry is a hit twice), every other entry (out-of-range values included)
+    is evictable.
     """
     hot_size = step.inputs.hot_size
     dgi = step.dgi[run.state]
-    hits: list[int] = []
-    evictables: list[int] = []
     entry: dict[int, tuple[str, int]] = {}
-    for slot in step.lru[run.state]:
-        key = dgi[slot] if 0 <= slot < hot_size else -1
+    held: set[int] = set()
+    for slot in range(hot_size):
+        key = dgi[slot]
         if key >= 0 and key in run.union:
             entry[key] = (_HIT, slot)
-            hits.append(slot)
-        else:
-            evictables.append(slot)
+            held.add(slot)
+    hits: list[int] = []
+    evictables: list[int] = []
+    for slot in step.lru[run.state]:
+        (hits if slot in held else evictables).append(slot)
     return hits, evictables, entry
 
 
-def assign_misses(step: _Step, run: _Run, evictables: list[int], entry: dict[int, tuple[str, int]]) -> int:
-    """Phase 4: misses in first-reference order take ``evictables[m]``; the swap plan fills the run's flat
-    segments from ``first * top_k`` (``hisparse_kernels.cu:677-786``). An out-of-range victim (or none left)
-    trips the corruption tripwire: the entry is invalid, its swap row -1, the DGI unwritten.
+def victims(hits: list[int], evictables: list[int]) -> list[int]:
+    """The victim of miss ``m`` is ``victims[m]``: the evictables in LRU order, then the hits from the most
+    recently used end. vLLM compacts hits forward and evictables backward into one ``H``-entry array and reads
+    miss ``m``'s victim at ``H - 1 - m`` (``hisparse_kernels.cu:660-668, 733``), so misses past the evictables
+    (only a corrupted state leaves too few) take hit slots (decision D5); ``m < max_union_rows <= H``."""
+    return evictables + hits[::-1]
+
+
+def assign_misses(step: _Step, run: _Run, hits: list[int], evictables: list[int],
+                  entry: dict[int, tuple[str, int]]) -> int:
+    """Phase 4: misses in first-reference order take ``victims(hits, evictables)[m]``; the swap plan fills the
+    run's flat segments from ``first * top_k`` (``hisparse_kernels.cu:677-786``). An out-of-range victim trips
+    the corruption tripwire (cu:735-744): the entry is invalid, its swap row -1, the DGI unwritten. A victim
+    named twice (a duplicated LRU entry) ends holding the later miss (cu:754 races within a warp; decision D9).
 
     Returns:
         ``M``, the misses including invalid ones.
     """
     inputs = step.inputs
+    order = victims(hits, evictables)
     m = 0
     for g in sorted(run.union, key=run.union.__getitem__):
         if g in entry:
             continue
-        slot = evictables[m] if m < len(evictables) else -1
+        slot = order[m]
         j = run.first * inputs.top_k + m
         step.swap_host[j,] = g
         if 0 <= slot < inputs.hot_size:
@@ -270,8 +286,12 @@ def publish_swap_counts(step: _Step, run: _Run, misses: int) -> None:
 
 
 def reorder_lru(step: _Step, run: _Run, hits: list[int], evictables: list[int], misses: int) -> None:
-    """Phase 7: ``evictables[M:] + evictables[:M] + hits`` (``hisparse_kernels.cu:823-835``)."""
-    step.lru[run.state] = evictables[misses:] + evictables[:misses] + hits
+    """Phase 7 (``hisparse_kernels.cu:823-835``): with ``V = victims(hits, evictables)`` and ``E`` evictables,
+    ``V[M:E] + V[:M] + hits`` (that is ``evictables[M:] + evictables[:M] + hits``) when ``M <= E``, else
+    ``V[M - E:M] + hits``: the kernel's index arithmetic when misses took hit slots (decision D5)."""
+    order, kept = victims(hits, evictables), len(evictables)
+    front = order[misses:kept] + order[:misses] if misses <= kept else order[misses - kept:misses]
+    step.lru[run.state] = front + hits
 
 
 def store(step: _Step) -> None:
@@ -312,7 +332,7 @@ def resolve(inputs: ResolveInputs) -> None:
             publish_swap_counts(step, run, 0)
             continue
         hits, evictables, entry = classify_slots(step, run)
-        misses = assign_misses(step, run, evictables, entry)
+        misses = assign_misses(step, run, hits, evictables, entry)
         publish_indices(step, run, entry)
         publish_swap_counts(step, run, misses)
         reorder_lru(step, run, hits, evictables, misses)

@@ -22,6 +22,7 @@ __all__ = [
     "DecodeStep",
     "SequenceRun",
     "SequenceShape",
+    "StateEdit",
     "StepRecord",
     "StepTensors",
     "OTHER_GROUPS",
@@ -70,6 +71,13 @@ SHAPES: tuple[SequenceShape, ...] = (
 )
 
 
+#: A corruption of the persistent state applied before a step's resolve, in order: ``("lru_copy", s, i, j)``
+#: sets ``LRU[s][i] = LRU[s][j]`` (slot ``LRU[s][i]`` is lost, ``LRU[s][j]`` named twice), ``("lru_set", s, i, v)``
+#: sets ``LRU[s][i] = v`` (an out-of-range value), ``("dgi_copy", s, i, j)`` sets ``DGI[s][i] = DGI[s][j]`` (a row
+#: held by two slots).
+StateEdit = tuple[str, int, int, int]
+
+
 @dataclasses.dataclass
 class DecodeStep:
     """Inputs of one step (plain lists; ``run_sequence`` turns them into tensors).
@@ -95,6 +103,7 @@ class DecodeStep:
     plan_mask: list[int]
     plan_targets: list[int]
     num_valid_rows: int
+    state_edits: list[StateEdit] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -162,7 +171,7 @@ class _Requests:
     length: list[int]
 
 
-def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequence:
+def build_sequence(seed: int, shape: SequenceShape = SHAPES[0], corrupt_state: bool = False) -> DecodeSequence:
     """Build one decode sequence from ``seed``: requests with persistent state and hot rows, drifting top-k.
 
     Each step permutes the requests over the batch rows (so batch row != state row), gives each 1..Q rows
@@ -173,6 +182,11 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
     host block 0 or past the host cache. Resident pages (by state row), a too-small ``max_union_rows`` (every
     implementation must raise before writing), a corrupted LRU entry and counters near 2**64 appear with small
     probability.
+
+    ``corrupt_state`` adds :data:`StateEdit` lists to the steps after the first, when slots hold rows: the LRU
+    loses slots and names others twice (sometimes many times, so misses outnumber the evictables, decision D5),
+    takes out-of-range values, and the DGI holds a row in two slots (D3). Those draws follow all the others, so
+    the sequence is otherwise the one ``corrupt_state=False`` builds from the same seed.
     """
     rng = random.Random(seed)
     world = _requests(rng, shape)
@@ -183,8 +197,32 @@ def build_sequence(seed: int, shape: SequenceShape = SHAPES[0]) -> DecodeSequenc
         initial_lru[rng.choice(world.states)][rng.randrange(slots)] = rng.choice((-1, slots, 32767))
     initial_stats = [0, 0] if rng.random() < 0.8 else [2**64 - 2, 2**64 - 1]
     steps = [_step(rng, world) for _ in range(shape.steps)]
+    if corrupt_state:
+        for step in steps[1:]:
+            step.state_edits = _state_edits(rng, world)
     return DecodeSequence(seed, shape, world.host_rows, world.hot_blocks, world.num_states, initial_lru, initial_stats,
                           steps)
+
+
+def _state_edits(rng: random.Random, world: _Requests) -> list[StateEdit]:
+    """A step's corruptions of the requests' state rows (none in 3 steps of 10); see :data:`StateEdit`."""
+    edits: list[StateEdit] = []
+    if rng.random() < 0.3:
+        return edits
+    slots = world.shape.slots
+    for _ in range(rng.randint(1, 3)):
+        s = rng.choice(world.states)
+        kind = rng.random()
+        if kind < 0.4:  # one slot lost, another named twice
+            edits.append(("lru_copy", s, rng.randrange(slots), rng.randrange(slots)))
+        elif kind < 0.55:  # one LRU entry repeated over many: more hit entries than union rows (D5)
+            j = rng.randrange(slots)
+            edits.extend(("lru_copy", s, i, j) for i in rng.sample(range(slots), rng.randint(2, slots)))
+        elif kind < 0.75:
+            edits.append(("lru_set", s, rng.randrange(slots), rng.choice((-1, -32768, slots, 32767))))
+        else:  # one row in two slots (D3)
+            edits.append(("dgi_copy", s, rng.randrange(slots), rng.randrange(slots)))
+    return edits
 
 
 def _requests(rng: random.Random, shape: SequenceShape) -> _Requests:
@@ -334,11 +372,11 @@ def _gather_plan(rng: random.Random, world: _Requests) -> tuple[list[int], list[
     return plan_rows, plan_mask, plan_targets
 
 
-def decode_sequences(shapes: Sequence[SequenceShape] = SHAPES) -> Any:
+def decode_sequences(shapes: Sequence[SequenceShape] = SHAPES, corrupt_state: bool = False) -> Any:
     """A hypothesis strategy of :class:`DecodeSequence` (seed and shape drawn; shrinks toward seed 0)."""
     from hypothesis import strategies as st
 
-    return st.builds(build_sequence, st.integers(0, 2**32 - 1), st.sampled_from(list(shapes)))
+    return st.builds(build_sequence, st.integers(0, 2**32 - 1), st.sampled_from(list(shapes)), st.just(corrupt_state))
 
 
 @dataclasses.dataclass
@@ -450,6 +488,16 @@ class SequenceRun:
     def attention_block_stride(self) -> int:
         return self.sequence.shape.block_size + self.sequence.shape.block_gap
 
+    def corrupt(self, step: DecodeStep) -> None:
+        """Apply the step's :data:`StateEdit` list to the live LRU and DGI, in order."""
+        for kind, s, i, arg in step.state_edits:
+            if kind == "lru_copy":
+                self.lru[s, i] = self.lru[s, arg]
+            elif kind == "lru_set":
+                self.lru[s, i] = arg
+            else:
+                self.dgi[s, i] = self.dgi[s, arg]
+
     def resolve(self, ops: CacheOpsLike, step: DecodeStep, io: StepTensors) -> None:
         """One resolve call with vLLM 0.34.0's 23 positional arguments."""
         block = self.sequence.shape.block_size
@@ -497,9 +545,9 @@ def run_sequence(ops: CacheOpsLike, sequence: DecodeSequence, device: torch.devi
 
     ``host_device`` holds the host cache (default: ``device``; a backend's ``CacheOps`` wants it on CPU).
     ``run`` reuses prepared live tensors (e.g. with a pinned host cache) instead of building them.
-    Per step: resolve (poisoned outputs; a typed ``UnionOverflowError`` is recorded and the gather skipped) ->
-    gather_compact -> ``check`` (if given) -> gather_plan into a staging buffer -> host mirror writes ->
-    invalidate_written_slots.
+    Per step: the step's state corruptions (``DecodeStep.state_edits``), resolve (poisoned outputs; a typed
+    ``UnionOverflowError`` is recorded and the gather skipped) -> gather_compact -> ``check`` (if given) ->
+    gather_plan into a staging buffer -> host mirror writes -> invalidate_written_slots.
 
     Returns:
         One :class:`StepRecord` per step.
@@ -509,6 +557,7 @@ def run_sequence(ops: CacheOpsLike, sequence: DecodeSequence, device: torch.devi
     run = run if run is not None else SequenceRun(sequence, device, host_device)
     records: list[StepRecord] = []
     for index, step in enumerate(sequence.steps):
+        run.corrupt(step)
         io = run.tensors(step)
         error = None
         try:

@@ -12,14 +12,18 @@ Invariant: every public entry runs the shared check of :mod:`.arguments` first, 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 import torch
+
+from hisparse_hal.errors import CacheOpArityError
 
 from . import arguments
 from .arguments import GatherInputs, InvalidateInputs, ResolveInputs
 
-__all__ = ["OP_NAMES", "VllmOps", "vllm_ops"]
+__all__ = ["ARITY", "OP_NAMES", "SIGNATURES", "VllmOps", "method_signature", "positional_arguments", "vllm_ops"]
 
 #: Our op names, in the order of vLLM's ``hisparse_*`` ops (``torch.ops._C_cache_ops.hisparse_<name>``).
 OP_NAMES: tuple[str, ...] = ("resolve_residency", "gather_compact", "gather_plan", "invalidate_written_slots")
@@ -171,3 +175,42 @@ def vllm_ops(
     """
     return VllmOps(_resolve_residency(resolve), _gather_compact(gather), _gather_plan(gather),
                    _invalidate_written_slots(invalidate))
+
+
+def _ignore(inputs: object) -> None:
+    """Stands in for an implementation where only the signatures are wanted."""
+
+
+#: Each op's signature, vLLM 0.34.0's parameter names, order and defaults (``csrc/torch_bindings.cpp:1070-1115``).
+SIGNATURES: dict[str, inspect.Signature] = {
+    name: inspect.signature(getattr(vllm_ops(_ignore, _ignore, _ignore), name)) for name in OP_NAMES
+}
+#: Each op's ``(required, total)`` argument counts: resolve 10 to 23, the gathers 5, invalidation 6.
+ARITY: dict[str, tuple[int, int]] = {
+    name: (sum(p.default is inspect.Parameter.empty for p in signature.parameters.values()),
+           len(signature.parameters))
+    for name, signature in SIGNATURES.items()
+}
+
+
+def method_signature(name: str) -> inspect.Signature:
+    """Op ``name``'s signature with ``self`` first, for a method taking ``*args`` (``inspect.signature`` and
+    ``help()`` of the bound method then show vLLM's names; the call itself binds nothing)."""
+    signature = SIGNATURES[name]
+    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return signature.replace(parameters=[this, *signature.parameters.values()])
+
+
+def positional_arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """A call of op ``name`` with keywords (or a wrong count) as vLLM's positional argument tuple, defaults filled.
+
+    Raises:
+        CacheOpArityError: the arguments do not fit the op's signature (naming the op, the count given and the
+            counts it takes).
+    """
+    try:
+        bound = SIGNATURES[name].bind(*args, **kwargs)
+    except TypeError as exc:
+        raise CacheOpArityError(f"hisparse_{name}", len(args) + len(kwargs), ARITY[name], str(exc)) from None
+    bound.apply_defaults()
+    return bound.args

@@ -315,17 +315,15 @@ def _store_run_values(total: torch.Tensor, window: _Window, per_run: torch.Tenso
     total[window.start:window.stop] = per_run[1:window.height + 1]
 
 
-def _held_queries(inputs: ResolveInputs, rows: _Rows, leader: torch.Tensor, asked_rows: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(lru, query)`` of runs led by ``leader`` (``[R]``): each run's ``LRU[s]`` and the key of the host row
-    each LRU entry's slot holds (-1 where not asked, the slot is out of range or holds nothing), ``[R, H]``."""
-    hot_size = inputs.hot_size
+def _held_keys(inputs: ResolveInputs, rows: _Rows, leader: torch.Tensor, asked_rows: torch.Tensor
+               ) -> torch.Tensor:
+    """Per run led by ``leader`` (``[R]``) and per slot in slot order (``[R, H]``), the key of the host row
+    ``DGI[s, slot]`` holds, -1 where not asked or empty: phase 3 scans every slot whatever the LRU holds
+    (``hisparse_kernels.cu:574-609``)."""
     state = rows.state[leader].clamp(min=0)
-    lru = inputs.lru_slots[state].to(_I64)
-    slot_ok = (lru >= 0) & (lru < hot_size)
-    held = inputs.device_global_indices[state].to(_I64).gather(1, lru.clamp(0, hot_size - 1))
-    asked = asked_rows[:, None] & slot_ok & (held >= 0)
-    return lru, torch.where(asked, (leader[:, None] << _KEY_SHIFT) | held, -1)
+    held = inputs.device_global_indices[state].to(_I64)
+    asked = asked_rows[:, None] & (held >= 0)
+    return torch.where(asked, (leader[:, None] << _KEY_SHIFT) | held, -1)
 
 
 def _find(merged: _Merged, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -351,7 +349,7 @@ def count_unions(inputs: ResolveInputs, rows: _Rows) -> tuple[torch.Tensor, torc
             0, local, torch.ones_like(local))
         carried_leader = rows.leader[start]
         _store_run_values(sizes, window, groups, carried_leader)
-        _, query = _held_queries(inputs, rows, carried_leader.view(1), window.carried.view(1))
+        query = _held_keys(inputs, rows, carried_leader.view(1), window.carried.view(1))
         found, _ = _find(merged, query)
         into = torch.where(window.carried, torch.div(carried_leader, height, rounding_mode="floor"), windows)
         crossing_hits.index_copy_(0, into.view(1), found)
@@ -405,9 +403,10 @@ def _physical_rows(inputs: ResolveInputs, request: torch.Tensor, slot: torch.Ten
 @dataclasses.dataclass
 class _Slots:
     """Phase 3 for a window's runs (row 0: the run carried in, row ``1 + i``: the run led by row ``start + i``;
-    ``[C + 1]`` and ``[C + 1, H]`` in LRU order): leader and state rows, ``working`` (the run writes state),
-    ``ends`` (its last row is in the window), the LRU, hits, ranks and counts, victims (evictables in LRU order,
-    -1 past them), and ``hit_at``: per sorted merged index, the LRU index of the group's hit slot (-1: none)."""
+    ``[C + 1]`` and ``[C + 1, H]``): leader and state rows, ``working`` (the run writes state), ``ends`` (its
+    last row is in the window), the LRU, which LRU entries are hits, the evictables' count, ``victims`` (miss
+    ``m``'s slot at column ``m``: evictables in LRU order, then the hits reversed; decision D5), and ``hit_at``:
+    per sorted merged index, the slot serving the group (-1: none)."""
 
     leader: torch.Tensor
     state: torch.Tensor
@@ -415,9 +414,6 @@ class _Slots:
     ends: torch.Tensor
     lru: torch.Tensor
     hit: torch.Tensor
-    hit_rank: torch.Tensor
-    hit_count: torch.Tensor
-    evict_rank: torch.Tensor
     evictable_count: torch.Tensor
     victims: torch.Tensor
     hit_at: torch.Tensor
@@ -425,9 +421,11 @@ class _Slots:
 
 def classify_slots(inputs: ResolveInputs, rows: _Rows, working: torch.Tensor, window: _Window, merged: _Merged,
                    crossing_hits: torch.Tensor) -> _Slots:
-    """Phase 3 (``hisparse_kernels.cu:574-661``) for the window's runs: a slot is a hit iff it holds a row of
-    the run's union. A run inside the window finds its union in the merged keys; a run crossing an edge takes
-    pass 1's ``crossing_hits`` (its whole union). Decision D3: a union row held twice takes its last slot."""
+    """Phase 3 (``hisparse_kernels.cu:574-669``) for the window's runs. Every slot of ``DGI[s]`` is scanned in slot
+    order whatever the LRU holds: a slot holding a row of the run's union serves it (a run inside the window finds
+    its union in the merged keys; a run crossing an edge takes pass 1's ``crossing_hits``, its whole union), and a
+    row held twice takes its later slot (decision D3). The LRU walk only sorts its entries (cu:630-632): an
+    in-range entry whose slot serves is a hit, every other entry evictable."""
     hot_size, device, start = inputs.hot_size, inputs.device, window.start
     leader = torch.cat([rows.leader[start].view(1), torch.arange(start, window.stop, dtype=_I64, device=device)])
     runs = torch.cat([window.carried.view(1), rows.is_leader[start:window.stop]])
@@ -435,21 +433,21 @@ def classify_slots(inputs: ResolveInputs, rows: _Rows, working: torch.Tensor, wi
     ends = rows.last[leader] < window.stop
     crossing = ~ends
     crossing[0] = True
-    lru, query = _held_queries(inputs, rows, leader, runs)
+    state = rows.state[leader].clamp(min=0)
+    query = _held_keys(inputs, rows, leader, runs)
     found, found_at = _find(merged, query)
     stored = crossing_hits[torch.div(leader, window_rows(inputs), rounding_mode="floor")]
-    hit = torch.where(crossing[:, None], stored & (query >= 0), found)
+    serving = torch.where(crossing[:, None], stored & (query >= 0), found)
+    lru = inputs.lru_slots[state].to(_I64)
+    hit = (lru >= 0) & (lru < hot_size) & serving.gather(1, lru.clamp(0, hot_size - 1))
     entries = merged.sorted_keys.numel()
     hit_at = torch.full((entries + 1,), -1, dtype=_I64, device=device)
-    positions = torch.arange(hot_size, dtype=_I64, device=device).expand_as(query)
-    hit_at.scatter_reduce_(0, torch.where(found, found_at, entries).reshape(-1), positions.reshape(-1),
-                           reduce="amax")
-    evictable = ~hit
-    evict_rank = torch.cumsum(evictable, 1) - 1
-    victims = torch.full((leader.numel(), hot_size + 1), -1, dtype=_I64, device=device)
-    victims.scatter_(1, torch.where(evictable, evict_rank, hot_size), lru)
-    return _Slots(leader, rows.state[leader].clamp(min=0), runs, ends, lru, hit, torch.cumsum(hit, 1) - 1,
-                  hit.sum(1), evict_rank, evictable.sum(1), victims, hit_at[:entries])
+    slots = torch.arange(hot_size, dtype=_I64, device=device).expand_as(query)
+    hit_at.scatter_reduce_(0, torch.where(found, found_at, entries).reshape(-1), slots.reshape(-1), reduce="amax")
+    hit_rank = torch.cumsum(hit, 1) - 1
+    evict_rank = torch.cumsum(~hit, 1) - 1
+    victims = torch.empty_like(lru).scatter_(1, torch.where(hit, hot_size - 1 - hit_rank, evict_rank), lru)
+    return _Slots(leader, state, runs, ends, lru, hit, hot_size - hit.sum(1), victims, hit_at[:entries])
 
 
 @dataclasses.dataclass
@@ -471,7 +469,8 @@ def assign_misses(inputs: ResolveInputs, window: _Window, merged: _Merged, slots
                   ) -> _Assigned:
     """Phase 4 (``hisparse_kernels.cu:677-786``): a group without a hit slot is a miss; misses of a run take its
     evictables in first-reference order, after the misses the carried run had in earlier windows; a carried
-    group keeps the slot it got then. An out-of-range victim (or none left) trips the tripwire."""
+    group keeps the slot it got then. Victims past the evictables are hit slots (decision D5); an out-of-range
+    victim trips the tripwire."""
     top_k, hot_size = inputs.top_k, inputs.hot_size
     first = merged.first(window)
     local = window.local[:, None].expand(-1, top_k).reshape(-1)
@@ -482,9 +481,8 @@ def assign_misses(inputs: ResolveInputs, window: _Window, merged: _Merged, slots
     base = torch.zeros_like(slots.leader)
     base[0] = carry.misses
     rank = missed_before - missed_before[run_start[local]] + base[local]
-    miss_slot = torch.where(rank < slots.evictable_count[local],
-                            slots.victims[local, rank.clamp(0, hot_size - 1)], -1)
-    hit_slot = slots.lru[local, slots.hit_at[merged.group[merged.carried:]].clamp(min=0)]
+    miss_slot = slots.victims[local, rank.clamp(0, hot_size - 1)]  # rank < max_union_rows <= H where it counts
+    hit_slot = slots.hit_at[merged.group[merged.carried:]]
     entry_slot = torch.cat([carry.slot, torch.where(is_hit, hit_slot, miss_slot)])
     entry_rank = torch.cat([carry.rank, torch.where(missed, rank, -1)])
     heads = merged.window_heads()
@@ -549,17 +547,15 @@ def write_state(inputs: ResolveInputs, merged: _Merged, slots: _Slots, assigned:
 
 
 def reorder_lru(inputs: ResolveInputs, slots: _Slots, assigned: _Assigned) -> None:
-    """Phase 7 (``hisparse_kernels.cu:823-835``) of runs whose last row is in the window:
-    ``LRU[s] = evictables[M:] + evictables[:M] + hits``, each in old order."""
+    """Phase 7 (``hisparse_kernels.cu:823-835``) of runs whose last row is in the window, over the victims ``V``
+    (``E`` evictables, ``M`` misses): ``V[M:E] + V[:M] + hits`` when ``M <= E``, else ``V[M - E:M] + hits``."""
     hot_size = inputs.hot_size
-    fills = torch.minimum(assigned.run_misses, slots.evictable_count)[:, None]
-    kept = hot_size - slots.hit_count[:, None]
-    target = torch.where(
-        slots.hit,
-        kept + slots.hit_rank,
-        torch.where(slots.evict_rank >= fills, slots.evict_rank - fills, kept - fills + slots.evict_rank),
-    )
-    new_lru = torch.empty_like(slots.lru).scatter_(1, target, slots.lru)
+    kept = slots.evictable_count[:, None]
+    filled = assigned.run_misses[:, None]
+    i = torch.arange(hot_size, dtype=_I64, device=inputs.device)
+    source = torch.where(i < kept - filled, i + filled,
+                         torch.where(i < kept, i - kept + filled, hot_size - 1 - (i - kept)))
+    new_lru = slots.victims.gather(1, source.clamp(0, hot_size - 1))
     _write_where(inputs.lru_slots, (slots.state,), new_lru, slots.working & slots.ends)
 
 

@@ -200,7 +200,7 @@ def plan_resolve_residency(inputs: ResolveInputs, scratch: ResolveScratch | None
         _or_dummy(rsi, dummy), state_rows,
         *ids,
         *source,
-        buffers["keys"], buffers["first"], buffers["kind"], buffers["cells"], buffers["union"],
+        buffers["keys"], buffers["first"], buffers["kind"], buffers["slot"], buffers["cells"], buffers["union"],
     ), dict(BLOCK_K=_pow2(top_k), BLOCK_R=_pow2(rows, cap=_BLOCK_ROWS), **flags))
     stats = inputs.stats
     residency = Launch("resolve_residency_kernel", (rows,), (

@@ -8,9 +8,9 @@ launches (union sizes, then the rest) so a run can see whether an earlier run wi
 
 Each launch reads as the phases of docs/design/cache-ops.md §2, one ``@triton.jit`` helper per phase (inlined by
 the compiler, as the fused-attention tutorial's ``_attn_fwd_inner``): launch 1 ``_run_state`` (0), ``_clear_table``,
-``_translate_union`` (1-2), ``_count_union``; launch 2 ``_classify_slots`` (3), ``_assign_misses`` with
-``_write_swap_plan`` (4), ``_publish_indices`` (5-6, with valid and swap counts), ``_reorder_lru`` (7),
-``_add_stats`` (6), or ``_publish_padding``.
+``_translate_union`` (1-2), ``_count_union``; launch 2 ``_scan_hit_slots`` and ``_classify_slots`` (3),
+``_assign_misses`` with ``_write_swap_plan`` (4), ``_publish_indices`` (5-6, with valid and swap counts),
+``_reorder_lru`` (7), ``_add_stats`` (6), or ``_publish_padding``.
 """
 
 from __future__ import annotations
@@ -204,8 +204,9 @@ def _run_table(r0, r1, K):
 
 
 @triton.jit
-def _clear_table(keys_ptr, first_ptr, kind_ptr, table, table_size, BLOCK_K: tl.constexpr):
-    """Every cell of the run's hash table: no key, no first position, no kind."""
+def _clear_table(keys_ptr, first_ptr, kind_ptr, slot_ptr, table, table_size, BLOCK_K: tl.constexpr):
+    """Every cell of the run's hash table: no key, no first position, no kind, no slot (-1, so launch 2's atomic
+    max leaves the serving slot)."""
     cols_k = tl.arange(0, BLOCK_K).to(tl.int64)
     for i in range(0, table_size, BLOCK_K):
         ci = i + cols_k
@@ -213,6 +214,7 @@ def _clear_table(keys_ptr, first_ptr, kind_ptr, table, table_size, BLOCK_K: tl.c
         tl.store(keys_ptr + table + ci, tl.full([BLOCK_K], _EMPTY, tl.int32), mask=mi)
         tl.store(first_ptr + table + ci, tl.full([BLOCK_K], _NO_POSITION, tl.int32), mask=mi)
         tl.store(kind_ptr + table + ci, tl.full([BLOCK_K], _KIND_NONE, tl.int32), mask=mi)
+        tl.store(slot_ptr + table + ci, tl.full([BLOCK_K], -1, tl.int32), mask=mi)
 
 
 @triton.jit
@@ -291,7 +293,7 @@ def resolve_union_kernel(
     rid_ptr, nvr_ptr,
     src_ptr, src_rows, src_cols, src_stride0, src_block,
     res_ptr, res_rows, res_cols, res_stride0, res_block,
-    keys_ptr, first_ptr, kind_ptr, cells_ptr, union_ptr,
+    keys_ptr, first_ptr, kind_ptr, slot_ptr, cells_ptr, union_ptr,
     HAS_RSI: tl.constexpr, HAS_RID: tl.constexpr, HAS_NVR: tl.constexpr, HAS_SRC: tl.constexpr,
     HAS_RES: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
@@ -310,7 +312,7 @@ def resolve_union_kernel(
         if s >= 0:
             r1 = _run_end(r0, q, N, valid, rid_ptr, HAS_RID)
             table, table_size, cell_base = _run_table(r0, r1, K)
-            _clear_table(keys_ptr, first_ptr, kind_ptr, table, table_size, BLOCK_K)
+            _clear_table(keys_ptr, first_ptr, kind_ptr, slot_ptr, table, table_size, BLOCK_K)
             tl.debug_barrier()
             _translate_union(r0, r1, q, s, K, gi_ptr, gi_stride0,
                              src_ptr, src_rows, src_cols, src_stride0, src_block,
@@ -323,11 +325,28 @@ def resolve_union_kernel(
 
 
 @triton.jit
-def _classify_slots(lru_ptr, dgi_ptr, keys_ptr, kind_ptr, slot_ptr, order_ptr, s_row, order, table, table_size, H,
-                    cols_h, BLOCK_H: tl.constexpr):
-    """Phase 3: walk the LRU (oldest first); a slot holding a union row is a hit (its entry takes the slot), every
-    other entry is evictable. Writes the run's ``order`` scratch: evictables from the front, hits from the back,
-    both stable; returns the number of evictables."""
+def _scan_hit_slots(dgi_ptr, keys_ptr, kind_ptr, slot_ptr, s_row, table, table_size, H, cols_h,
+                    BLOCK_H: tl.constexpr):
+    """Phase 3, hits: scan every slot of ``DGI[s]`` in slot order, whatever the LRU holds
+    (``hisparse_kernels.cu:574-609``); a slot holding a union row serves its entry, a row held by two slots takes
+    the later one (decision D3: an atomic max over the slot cells launch 1 cleared to -1)."""
+    for i0 in range(0, H, BLOCK_H):
+        slot = i0 + cols_h
+        ms = slot < H
+        key = tl.load(dgi_ptr + s_row + slot, mask=ms, other=-1)
+        found = _find(keys_ptr, table, table_size, key, BLOCK_H)
+        hit = found >= 0
+        tl.store(kind_ptr + table + found, tl.full([BLOCK_H], _KIND_HIT, tl.int32), mask=hit)
+        tl.atomic_max(slot_ptr + table + found, slot.to(tl.int32), mask=hit)
+
+
+@triton.jit
+def _classify_slots(lru_ptr, dgi_ptr, keys_ptr, order_ptr, s_row, order, table, table_size, H, cols_h,
+                    BLOCK_H: tl.constexpr):
+    """Phase 3, the LRU walk (oldest first; ``hisparse_kernels.cu:612-669``, the test at :630-632): it only sorts
+    the entries, an in-range slot holding a union row is a hit, every other entry evictable. Writes the run's
+    ``order`` scratch (the victims, decision D5): evictables from the front, hits from the back, both stable;
+    returns the number of evictables."""
     hits = 0
     evictable = 0
     for i0 in range(0, H, BLOCK_H):
@@ -336,8 +355,7 @@ def _classify_slots(lru_ptr, dgi_ptr, keys_ptr, kind_ptr, slot_ptr, order_ptr, s
         slot = tl.load(lru_ptr + s_row + pos, mask=mp, other=-1).to(tl.int64)
         inr = mp & (slot >= 0) & (slot < H)
         key = tl.load(dgi_ptr + s_row + tl.where(inr, slot, 0), mask=inr, other=-1)
-        found = _find(keys_ptr, table, table_size, key, BLOCK_H)
-        hit = found >= 0
+        hit = _find(keys_ptr, table, table_size, key, BLOCK_H) >= 0
         ev = mp & ~hit
         hit_i = hit.to(tl.int32)
         ev_i = ev.to(tl.int32)
@@ -345,8 +363,6 @@ def _classify_slots(lru_ptr, dgi_ptr, keys_ptr, kind_ptr, slot_ptr, order_ptr, s
         ev_rank = evictable + tl.cumsum(ev_i, axis=0) - ev_i
         tl.store(order_ptr + order + ev_rank.to(tl.int64), slot.to(tl.int32), mask=ev)
         tl.store(order_ptr + order + (H - 1 - hit_rank.to(tl.int64)), slot.to(tl.int32), mask=hit)
-        tl.store(kind_ptr + table + found, tl.full([BLOCK_H], _KIND_HIT, tl.int32), mask=hit)
-        tl.store(slot_ptr + table + found, slot.to(tl.int32), mask=hit)
         hits += tl.sum(hit_i, axis=0)
         evictable += tl.sum(ev_i, axis=0)
     return evictable
@@ -365,14 +381,15 @@ def _write_swap_plan(swap_host_ptr, swap_dev_ptr, segment, m, key, miss, good, s
 
 @triton.jit
 def _assign_misses(
-    r0, r1, q, K, H, s_row, order, table, cell_base, evictable,
+    r0, r1, q, K, H, s_row, order, table, cell_base,
     cells_ptr, keys_ptr, first_ptr, kind_ptr, slot_ptr, order_ptr, dgi_ptr,
     swap_host_ptr, swap_dev_ptr, hbt_ptr, hbt_rows, hbt_cols, hbt_stride0, block_size, cols_k,
     HAS_SWAP: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Phase 4: union entries without a hit, in first-reference order, are misses ``m`` and take the ``m``-th
-    evictable slot: swap plan at the run's first row's segment, ``DGI[s, slot] = g``; an out-of-range victim (or
-    none left) marks the entry invalid (the tripwire). Returns ``M``, invalid misses included."""
+    """Phase 4: union entries without a hit, in first-reference order, are misses ``m`` and take victim ``m`` (the
+    ``m``-th evictable; past them a hit slot, decision D5): swap plan at the run's first row's segment,
+    ``DGI[s, slot] = g``; an out-of-range victim marks the entry invalid (the tripwire). Returns ``M``, invalid
+    misses included."""
     misses = 0
     for r in range(r0, r1):
         for c0 in range(0, K, BLOCK_K):
@@ -387,9 +404,8 @@ def _assign_misses(
             miss = host & (first == p) & (kind == _KIND_NONE)
             miss_i = miss.to(tl.int32)
             m = (misses + tl.cumsum(miss_i, axis=0) - miss_i).to(tl.int64)
-            have = miss & (m < evictable)
-            slot = tl.load(order_ptr + order + m, mask=have, other=-1).to(tl.int64)
-            good = have & (slot >= 0) & (slot < H)
+            slot = tl.load(order_ptr + order + m, mask=miss, other=-1).to(tl.int64)  # m < max_union_rows <= H
+            good = miss & (slot >= 0) & (slot < H)
             key = tl.load(keys_ptr + table + safe, mask=miss, other=0)
             if HAS_SWAP:
                 _write_swap_plan(swap_host_ptr, swap_dev_ptr, r0 * K, m, key, miss, good, slot, q,
@@ -460,8 +476,9 @@ def _add_stats(stats_ptr, hits, misses, HAS_STATS: tl.constexpr):
 
 @triton.jit
 def _reorder_lru(lru_ptr, order_ptr, s_row, order, H, evictable, misses, cols_h, BLOCK_H: tl.constexpr):
-    """Phase 7: ``LRU[s] = evictables[M:] + evictables[:M] + hits``: unused evictables, the slots just filled, then
-    the hits in their old order (``order`` holds the evictables from the front and the hits reversed at the back)."""
+    """Phase 7 (``hisparse_kernels.cu:823-835``): ``LRU[s] = evictables[M:] + evictables[:M] + hits``: unused
+    evictables, the slots just filled, then the hits in their old order (``order`` holds the evictables from the
+    front and the hits reversed at the back); with more misses than evictables (D5), ``order[M - E:M] + hits``."""
     for i0 in range(0, H, BLOCK_H):
         i = i0 + cols_h
         mi = i < H
@@ -513,7 +530,8 @@ def resolve_residency_kernel(
     HAS_SWAP: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     """Resolve, launch 2 of 2 (one program per batch row; run leaders work): with the union from launch 1,
-    classify the run's slots in LRU order, give misses the oldest evictable slots, publish indices and counts,
+    find the slots serving its union (every slot), sort its LRU into hits and evictables, give misses the oldest
+    evictable slots, publish indices and counts,
     rewrite the LRU. Padding runs (union -1) get padding outputs; a run over ``max_union_rows`` (the assertion
     between the launches fired) is written as padding too and touches no state."""
     r0 = tl.program_id(0).to(tl.int64)
@@ -536,10 +554,11 @@ def resolve_residency_kernel(
             order = r0 * H
             cols_h = tl.arange(0, BLOCK_H).to(tl.int64)
             if union > 0:
-                evictable = _classify_slots(lru_ptr, dgi_ptr, keys_ptr, kind_ptr, slot_ptr, order_ptr, s_row, order,
-                                            table, table_size, H, cols_h, BLOCK_H)
+                _scan_hit_slots(dgi_ptr, keys_ptr, kind_ptr, slot_ptr, s_row, table, table_size, H, cols_h, BLOCK_H)
+                evictable = _classify_slots(lru_ptr, dgi_ptr, keys_ptr, order_ptr, s_row, order, table, table_size, H,
+                                            cols_h, BLOCK_H)
                 tl.debug_barrier()
-                misses = _assign_misses(r0, r1, q, K, H, s_row, order, table, cell_base, evictable,
+                misses = _assign_misses(r0, r1, q, K, H, s_row, order, table, cell_base,
                                         cells_ptr, keys_ptr, first_ptr, kind_ptr, slot_ptr, order_ptr, dgi_ptr,
                                         swap_host_ptr, swap_dev_ptr, hbt_ptr, hbt_rows, hbt_cols, hbt_stride0,
                                         block_size, cols_k, HAS_SWAP, BLOCK_K)

@@ -101,6 +101,64 @@ def test_example_6_an_out_of_range_lru_victim_trips_the_wire_without_writing_the
     assert stats == [0, 1]
 
 
+def test_example_7_a_slot_the_corrupted_lru_lost_still_serves_its_row_as_in_vllms_slot_scan(ops: Any) -> None:
+    # Issue 29: after example 1's first step slot 0 holds host row 8; the LRU loses it (99 in its place).
+    # vLLM scans every slot of the DGI for hits (hisparse_kernels.cu:574-609), so row 8 is served from slot 0.
+    world = decode_world()
+    world.step(ops, [[4, 5, 0, -1]], [0])
+    world.lru[1, 6] = 99
+    assert world.state()[1][1] == [2, 3, 4, 5, 6, 7, 99, 1]
+    out = world.step(ops, [[4, 5, -1, -1]], [0])
+    assert out.hot.tolist() == [[4, 5, -1, -1]]
+    assert out.swap_host.tolist() == [[P] * 4] and out.swap_device.tolist() == [[P] * 4]
+    assert out.swap_counts.tolist() == [0]
+    dgi, lru, stats = world.state()
+    assert dgi[1] == [8, 9, -1, -1, -1, -1, -1, -1]  # row 8 is not loaded a second time
+    assert lru[1] == [2, 3, 4, 5, 6, 7, 99, 1]  # slot 0 stays lost; the lost 99 is evictable
+    assert stats == [2, 2]  # step 1's [0, 2] plus [2, 0]: two hits, no load
+
+
+def test_decision_d3_a_row_held_by_two_slots_is_served_by_the_later_slot_in_slot_order(ops: Any) -> None:
+    world = decode_world()
+    world.dgi[1] = torch.tensor([8, -1, -1, -1, -1, 8, -1, -1], dtype=I32)
+    world.lru[1] = torch.tensor([5, 0, 1, 2, 3, 4, 6, 7], dtype=torch.int16)  # slot 5 is older than slot 0
+    out = world.step(ops, [[4, -1, -1, -1]], [0])
+    assert out.hot.tolist() == [[9, -1, -1, -1]]  # slot 5 = hot row 9, whatever the LRU order
+    dgi, lru, stats = world.state()
+    assert dgi[1] == [8, -1, -1, -1, -1, 8, -1, -1]
+    assert lru[1] == [1, 2, 3, 4, 6, 7, 5, 0]  # both slots are hits, at the most recently used end
+    assert stats == [1, 0]
+
+
+def test_decision_d5_misses_past_the_evictables_take_hit_slots_from_the_most_recent_end(ops: Any) -> None:
+    # LRU lost slot 0 (holding 8) and names slot 1 (holding 9) twice: 2 hit entries, 6 evictables, 7 misses.
+    # vLLM reads victim m at s_lru_out[H - 1 - m] (hisparse_kernels.cu:733): the 7th miss takes hit slot 1.
+    world = decode_world(union=8)
+    world.dgi[1] = torch.tensor([8, 9, -1, -1, -1, -1, -1, -1], dtype=I32)
+    world.lru[1] = torch.tensor([1, 2, 3, 4, 5, 6, 7, 1], dtype=torch.int16)
+    out = world.step(ops, [[5, 6, 7, 8], [9, 10, 11, 12]], [0, 0])  # host rows 9-15 and 20
+    assert out.hot.tolist() == [[5, 6, 7, 8], [9, 10, 11, 5]]
+    assert out.swap_host.tolist() == [[10, 11, 12, 13], [14, 15, 20, P]]
+    assert out.swap_device.tolist() == [[6, 7, 8, 9], [10, 11, 5, P]]
+    assert out.swap_counts.tolist() == [4, 3]
+    dgi, lru, stats = world.state()
+    assert dgi[1] == [8, 20, 10, 11, 12, 13, 14, 15]  # lost slot 0 is never evicted
+    assert lru[1] == [3, 4, 5, 6, 7, 1, 1, 1]  # V[M - E:M] + hits, V = evictables + hits reversed
+    assert stats == [1, 7]
+
+
+def test_decision_d9_a_victim_named_twice_by_the_lru_ends_holding_the_later_miss(ops: Any) -> None:
+    world = decode_world()
+    world.lru[1] = torch.tensor([3, 3, 0, 1, 2, 4, 5, 6], dtype=torch.int16)  # slot 7 lost, slot 3 twice
+    out = world.step(ops, [[4, 5, -1, -1]], [0])
+    assert out.hot.tolist() == [[7, 7, -1, -1]]
+    assert out.swap_host.tolist() == [[8, 9, P, P]] and out.swap_device.tolist() == [[7, 7, P, P]]
+    dgi, lru, stats = world.state()
+    assert dgi[1] == [-1, -1, -1, 9, -1, -1, -1, -1]
+    assert lru[1] == [0, 1, 2, 4, 5, 6, 3, 3]
+    assert stats == [0, 2]
+
+
 def test_a_run_without_host_rows_writes_indices_and_leaves_state_and_stats_alone(ops: Any) -> None:
     world = decode_world()
     out = world.step(ops, [[0, 1, -1, 99]], [0])  # null block, -1, past the source table
@@ -116,7 +174,7 @@ def test_decision_d1_a_later_run_on_a_claimed_state_row_is_padding(ops: Any) -> 
     assert out.swap_counts.tolist() == [1, 0]
 
 
-def test_decision_d3_in_row_duplicates_share_one_entry_and_count_as_hits_after_the_first(ops: Any) -> None:
+def test_decision_d4_in_row_duplicates_share_one_entry_and_count_as_hits_after_the_first(ops: Any) -> None:
     world = decode_world()
     out = world.step(ops, [[4, 4, 5, -1]], [0])
     assert out.hot.tolist() == [[4, 4, 5, -1]]

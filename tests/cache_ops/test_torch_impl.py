@@ -74,6 +74,54 @@ def test_implementation_equals_oracle_on_every_output_and_state_over_generated_s
     assert errors < SEEDS_PER_SHAPE * shape.steps  # most steps run; some raise the union error
 
 
+#: Sequences per shape and implementation with the state corrupted after slots hold rows (7 x 2 x 30 = 420).
+CORRUPT_SEEDS_PER_SHAPE = 30
+
+
+@pytest.mark.parametrize("impl", [torch_impl, host_impl], ids=["torch", "host"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"shape{i}" for i in range(len(SHAPES))])
+def test_implementation_equals_oracle_with_the_lru_and_dgi_corrupted_after_slots_hold_rows(
+        impl: Any, shape: SequenceShape) -> None:
+    for seed in range(CORRUPT_SEEDS_PER_SHAPE):
+        sequence = build_sequence(seed, shape, corrupt_state=True)
+        ours, reference = run_sequence(impl, sequence), run_sequence(oracle, sequence)
+        assert ours == reference, f"seed {seed}, {shape}: {first_difference(ours, reference)}"
+
+
+def test_corrupting_sequences_reach_lost_serving_slots_rows_in_two_slots_and_misses_past_the_evictables(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The corrupt_state sequences reach the kernel's LRU-independent rules (not a vacuous equality), counted
+    inside the oracle's phases; the same seeds without corruption reach none of the first three."""
+    seen = {"lost slot serves": 0, "row in two slots": 0, "misses past the evictables": 0,
+            "out-of-range victim": 0}
+    classify, assign = oracle.classify_slots, oracle.assign_misses
+
+    def counting_classify(step: Any, run: Any) -> Any:
+        hits, evictables, entry = classify(step, run)
+        seen["lost slot serves"] += any(slot not in step.lru[run.state] for _, slot in entry.values())
+        held = [g for g in step.dgi[run.state] if g in run.union]
+        seen["row in two slots"] += len(held) != len(set(held))
+        return hits, evictables, entry
+
+    def counting_assign(step: Any, run: Any, hits: list[int], evictables: list[int], entry: Any) -> int:
+        misses = assign(step, run, hits, evictables, entry)
+        seen["misses past the evictables"] += misses > len(evictables)
+        seen["out-of-range victim"] += any(not 0 <= slot < step.inputs.hot_size for slot in evictables[:misses])
+        return misses
+
+    monkeypatch.setattr(oracle, "classify_slots", counting_classify)
+    monkeypatch.setattr(oracle, "assign_misses", counting_assign)
+    for corrupt in (False, True):
+        seen.update(dict.fromkeys(seen, 0))
+        for seed in range(20):
+            for shape in SHAPES:
+                run_sequence(oracle, build_sequence(seed, shape, corrupt_state=corrupt))
+        if corrupt:
+            assert all(count > 0 for count in seen.values()), seen
+        else:
+            assert seen["lost slot serves"] == seen["row in two slots"] == seen["misses past the evictables"] == 0
+
+
 def test_sequences_exercise_padding_resident_pages_spills_errors_and_every_table() -> None:
     """The generated sequences reach what the differential test must cover (not a vacuous equality)."""
     seen = {"padding": 0, "resident": 0, "spill": 0, "error": 0, "other table cleared": 0, "stats": 0}
@@ -332,6 +380,19 @@ def test_padding_rows_past_num_valid_rows_with_the_last_request_id_stay_padding(
 def test_windowed_resolve_equals_the_oracle_on_random_sequences(sequence: Any, rows_per_window: int) -> None:
     previous = torch_impl.WINDOW_ROWS
     torch_impl.WINDOW_ROWS = rows_per_window  # a hypothesis test cannot take the function-scoped monkeypatch
+    try:
+        ours = run_sequence(torch_impl, sequence)
+    finally:
+        torch_impl.WINDOW_ROWS = previous
+    reference = run_sequence(oracle, sequence)
+    assert ours == reference, first_difference(ours, reference)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=decode_sequences(corrupt_state=True), rows_per_window=st.sampled_from([1, 2, 3, 5]))
+def test_windowed_resolve_equals_the_oracle_with_the_state_corrupted(sequence: Any, rows_per_window: int) -> None:
+    previous = torch_impl.WINDOW_ROWS
+    torch_impl.WINDOW_ROWS = rows_per_window  # runs crossing window edges take pass 1's slot scan
     try:
         ours = run_sequence(torch_impl, sequence)
     finally:

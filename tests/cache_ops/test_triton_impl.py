@@ -264,14 +264,35 @@ def test_generated_sequences_match_the_oracle_bit_for_bit(
     assert ran == share, f"chunk {chunk} ran {ran} sequences, its share of {TRITON_SEQUENCES} is {share}"
 
 
+#: Sequences whose LRU and DGI the harness corrupts after slots hold rows (issue 29), in chunks of contiguous indices.
+CORRUPT_SEQUENCES = 240
+CORRUPT_CHUNKS = 8
+
+
+def _corrupt_sequence(index: int) -> DecodeSequence:
+    return build_sequence(SEED_BASE + 2_000_000 + index, TRITON_SHAPES[index % len(TRITON_SHAPES)], corrupt_state=True)
+
+
+@pytest.mark.parametrize("chunk", range(CORRUPT_CHUNKS))
+def test_sequences_with_the_state_corrupted_after_slots_hold_rows_match_the_oracle(chunk: int) -> None:
+    indices = _chunk(chunk, CORRUPT_SEQUENCES, CORRUPT_CHUNKS)
+    assert len(indices) == CORRUPT_SEQUENCES // CORRUPT_CHUNKS
+    for index in indices:
+        _assert_matches_oracle(index, _corrupt_sequence(index))
+
+
+@pytest.mark.parametrize("corrupt", [False, True], ids=["clean", "corrupt"])
 @pytest.mark.parametrize("index", range(12))
-def test_generated_sequence_with_4_lane_tiles_matches_the_oracle(index: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_generated_sequence_with_4_lane_tiles_matches_the_oracle(index: int, corrupt: bool,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiles of 4 lanes: top-k, slots and rows span several tiles, so the scans' carries between tiles run (the
-    default tiles hold a whole row at these shapes; at DeepSeek's top-k 2048 they do not); 2 gather programs."""
+    default tiles hold a whole row at these shapes; at DeepSeek's top-k 2048 they do not); 2 gather programs.
+    ``corrupt``: the state corrupted after slots hold rows, so a row held by two slots may span tiles (D3)."""
     pow2 = triton_impl._pow2
     monkeypatch.setattr(triton_impl, "_pow2", lambda n, floor=16, cap=None: pow2(n, floor=4, cap=4))
     monkeypatch.setattr(triton_impl, "_GATHER_PROGRAMS", 2)  # and the gathers' tiles walked by 2 programs
-    _assert_matches_oracle(index, build_sequence(SEED_BASE + 1_000_000 + index, SHAPES[index % len(SHAPES)]))
+    sequence = build_sequence(SEED_BASE + 1_000_000 + index, SHAPES[index % len(SHAPES)], corrupt_state=corrupt)
+    _assert_matches_oracle(index, sequence)
 
 
 def test_on_a_gpu_path_an_overflowing_run_is_asserted_between_launches_and_masked(

@@ -11,14 +11,18 @@ The CPU backend's ops must equal the oracle bit for bit, also when resolve and c
 from __future__ import annotations
 
 import copy
+import inspect
+import pydoc
+import re
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from hisparse_hal.cache_ops import oracle
-from hisparse_hal.errors import UnknownTableError
+from hisparse_hal.cache_ops import library, oracle, signatures, tables
+from hisparse_hal.errors import CacheOpArityError, InvalidArgumentError, UnknownTableError
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 
 I32 = torch.int32
@@ -192,3 +196,109 @@ def test_gather_plan_as_stage_prefill_rows_calls_it_fills_a_fresh_staged_buffer(
     want = torch.zeros(2, BLOCK, ROW_BYTES, dtype=torch.uint8)
     oracle.gather_plan(runtime.host_cache, want, rows, dst, mask)
     assert torch.equal(staged, want) and torch.equal(staged.view(8, -1)[0], runtime.host_cache[5])
+
+
+_BINDINGS = Path("/work/vllm-src/vllm-0.34.0/csrc/torch_bindings.cpp")
+_COUNTS = {"resolve_residency": 23, "gather_compact": 5, "gather_plan": 5, "invalidate_written_slots": 6}
+
+
+def _schema_names(schema: str) -> list[str]:
+    """Parameter names of a torch schema's argument list (``(Tensor! a, int b=0) -> ()`` -> ``[a, b]``)."""
+    inside = schema[schema.index("(") + 1:schema.rindex(") ->")]
+    return [part.split("=")[0].split()[-1] for part in inside.split(",")]
+
+
+def _vllm_schemas() -> dict[str, list[str]]:
+    """vLLM 0.34.0's four ``hisparse_*`` schemas from its ``csrc/torch_bindings.cpp``, names in order."""
+    text = "".join(re.findall(r'"([^"]*)"', _BINDINGS.read_text()))
+    found = {}
+    for name in _COUNTS:
+        start = text.index(f"hisparse_{name}(")
+        found[name] = _schema_names(text[start:text.index("-> ()", start) + 5])
+    return found
+
+
+@pytest.mark.parametrize("name", list(_COUNTS))
+def test_bound_ops_show_vllms_parameter_names_to_inspect_signature_and_help(name: str) -> None:
+    ops = CpuBackend().create_cache_ops(None)
+    names = list(signatures.SIGNATURES[name].parameters)
+    assert len(names) == _COUNTS[name]
+    assert names == _schema_names(library.SCHEMAS[name])  # our custom ops' schema, copied from vLLM
+    for method in (getattr(ops, f"hisparse_{name}"), getattr(ops, name)):
+        assert list(inspect.signature(method).parameters) == names
+    rendered = pydoc.render_doc(getattr(ops, f"hisparse_{name}"), renderer=pydoc.TextDoc())
+    assert all(f"{parameter}:" in rendered for parameter in names)
+
+
+@pytest.mark.skipif(not _BINDINGS.exists(), reason=f"vLLM 0.34.0's source is not unpacked at {_BINDINGS}")
+def test_bound_op_signatures_are_vllm_0_34_0s_torch_bindings_schemas() -> None:
+    ops = CpuBackend().create_cache_ops(None)
+    for name, names in _vllm_schemas().items():
+        assert list(inspect.signature(getattr(ops, f"hisparse_{name}")).parameters) == names, name
+
+
+def test_bound_ops_take_vllms_names_as_keywords_and_fill_the_schema_defaults() -> None:
+    backend = CpuBackend()
+    runtime, reference = Runtime(seed=4), Runtime(seed=4)
+    ops = backend.create_cache_ops(runtime)
+    tables.register_table(reference.index_group.device_global_indices)
+    t, want = runtime.step_tensors(*STEPS[0]), reference.step_tensors(*STEPS[0])
+    args = _resolve_args(runtime, t)
+    optional = list(signatures.SIGNATURES["resolve_residency"].parameters)[10:]
+    ops.hisparse_resolve_residency(*args[:10], **dict(zip(optional, args[10:], strict=True)))
+    oracle.resolve_residency(*_resolve_args(reference, want))
+    ops.gather_compact(host_cache=runtime.host_cache, hot_cache=runtime.hot, miss_global_indices=t["swap_host"],
+                       miss_hot_indices=t["swap_dev"], miss_counts=t["swap_counts"])
+    oracle.gather_compact(reference.host_cache, reference.hot, want["swap_host"], want["swap_dev"],
+                          want["swap_counts"])
+    assert {k: v.tolist() for k, v in t.items()} == {k: v.tolist() for k, v in want.items()}
+    assert runtime.snapshot() == reference.snapshot()
+    before = runtime.snapshot()
+    one, one_want = (r.step_tensors([[0, 1, 2, 3]], [0], 1) for r in (runtime, reference))  # row 0: state row 2
+    ops.hisparse_resolve_residency(*_resolve_args(runtime, one)[:10])  # 13 optional arguments: schema defaults
+    oracle.resolve_residency(*_resolve_args(reference, one_want)[:10])
+    assert one["hot_indices"].tolist() == one_want["hot_indices"].tolist() != [[-5] * TOP_K]
+    assert runtime.snapshot() == reference.snapshot() != before  # host rows 0-3 loaded into state row 2
+    assert runtime.index_group.swap_stats.view(torch.int64).tolist() == before[2]  # no stats tensor passed
+
+
+def _op_args(runtime: Runtime, name: str) -> tuple[Any, ...]:
+    """Valid positional arguments of op ``name`` as vLLM passes them."""
+    t = runtime.step_tensors(*STEPS[0])
+    table = runtime.index_group.device_global_indices
+    return {
+        "resolve_residency": _resolve_args(runtime, t),
+        "gather_compact": (runtime.host_cache, runtime.hot, t["swap_host"], t["swap_dev"], t["swap_counts"]),
+        "gather_plan": (runtime.host_cache, runtime.hot, t["swap_host"], t["swap_dev"], t["swap_counts"][:, None]
+                        .expand(-1, TOP_K).contiguous()),
+        "invalidate_written_slots": (torch.tensor([table.data_ptr()], dtype=torch.int64), runtime.request_state_indices,
+                                     torch.tensor([0], dtype=I32), torch.tensor([8], dtype=torch.int64), MAX_REQS,
+                                     REGION),
+    }[name]
+
+
+@pytest.mark.parametrize("change", ["one too many", "one too few"])
+@pytest.mark.parametrize("name", list(_COUNTS))
+def test_a_wrong_argument_count_is_a_typed_error_naming_the_op_and_counts_and_nothing_runs(name: str,
+                                                                                            change: str) -> None:
+    backend = CpuBackend()
+    runtime = Runtime(seed=5)
+    runtime.index_group.device_global_indices[2, :2] = torch.tensor([8, 9], dtype=I32)
+    ops = backend.create_cache_ops(runtime)
+    args = _op_args(runtime, name)
+    required, total = signatures.ARITY[name]
+    assert total == _COUNTS[name] and required == (10 if name == "resolve_residency" else total)
+    wrong = (*args, args[-1]) if change == "one too many" else args[:required - 1]
+    given = total + 1 if change == "one too many" else required - 1
+    takes = "10 to 23" if name == "resolve_residency" else str(total)
+    before = runtime.snapshot()
+    for method in (getattr(ops, f"hisparse_{name}"), getattr(ops, name)):
+        with pytest.raises(CacheOpArityError, match=rf"^hisparse_{name} takes {takes} arguments, .* given {given} "):
+            method(*wrong)
+    assert runtime.snapshot() == before
+    error = CacheOpArityError(f"hisparse_{name}", given, (required, total))
+    assert isinstance(error, TypeError) and isinstance(error, InvalidArgumentError)
+    assert (error.op, error.given, error.expected) == (f"hisparse_{name}", given, (required, total))
+    with pytest.raises(CacheOpArityError, match="unexpected keyword argument 'bogus'"):
+        getattr(ops, f"hisparse_{name}")(*args, bogus=1)
+    getattr(ops, f"hisparse_{name}")(*args)  # the right count runs
