@@ -7,6 +7,7 @@ machine start-up alone may take a minute, and a delay then lands at another mome
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -18,7 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 SHM = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(os.environ.get("TMPDIR", "/tmp"))
@@ -82,6 +83,25 @@ def _owners(path: Path) -> set[int]:
     return set()
 
 
+@contextlib.contextmanager
+def _sigint_not_ignored() -> Iterator[None]:
+    """Let a command started in this block take SIGINT, even when this test run ignores it.
+
+    A test run started in the background (``cmd &``, ``nohup``) inherits SIGINT ignored, and an ignored signal
+    stays ignored across ``exec``: the command's Python would then install no handler and a SIGINT would do
+    nothing (issue 30: "a SIGINT 1.5 s into info gave exit 0"). A caught signal is reset to its default at
+    ``exec``, so catching it here for the moment of the start is enough."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Watch:
     """A running ``hisparse-hal`` command and what it has been seen to start (polled every 50 ms)."""
 
@@ -95,8 +115,9 @@ class Watch:
         self.pools_seen: set[str] = set()
         # Output goes to files, not pipes: a full pipe would stall the command before the signal is sent.
         self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        self.child = subprocess.Popen([script(), *args], env=env, cwd=cwd, stdout=self._out, stderr=self._err,
-                                      text=True, start_new_session=True)
+        with _sigint_not_ignored():
+            self.child = subprocess.Popen([script(), *args], env=env, cwd=cwd, stdout=self._out,
+                                          stderr=self._err, text=True, start_new_session=True)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
