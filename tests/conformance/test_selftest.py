@@ -76,7 +76,6 @@ def test_conformance_passes_on_the_cpu_reference_device(tmp_path, part):
     areas = _by_area(doc)
     for area in part_areas:
         assert areas[area]["passed"] > 0, f"no {area} test passed on the CPU device"
-    assert all(sum(areas[area].values()) == 0 for area in set(AREAS) - set(part_areas)), "-k selected other areas"
     for test in doc["tests"]:
         assert set(test) == {"id", "area", "outcome", "duration", "reason"}
         if test["outcome"] == "skipped":
