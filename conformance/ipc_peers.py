@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from hisparse_hal.errors import EventTimeoutError, HalError, UnsupportedCapabilityError
+from hisparse_hal.python_child import die_with_parent
 
 from .recipe import BackendRecipe
 
@@ -226,8 +227,11 @@ ROLES: dict[str, Callable[..., None]] = {
 }
 
 
-def peer_main(recipe: BackendRecipe, role: str, conn: Connection, params: dict[str, Any], env: dict[str, str]) -> None:
-    """Entry point of a spawned peer: build the backend, play ``role``, report any error."""
+def peer_main(recipe: BackendRecipe, role: str, conn: Connection, params: dict[str, Any], env: dict[str, str],
+              parent_pid: int) -> None:
+    """Entry point of a spawned peer: die with ``parent_pid`` (the test process), build the backend, play
+    ``role``, report any error."""
+    die_with_parent(parent_pid)
     os.environ.update(env)
     try:
         backend = recipe.build()
@@ -251,7 +255,7 @@ class Peer:
         self.conn, child = context.Pipe()
         self.process = context.Process(
             target=peer_main,
-            args=(recipe, role, child, params or {}, env or {}),
+            args=(recipe, role, child, params or {}, env or {}, os.getpid()),
             name=f"hisparse-conformance-{self.name}",
             daemon=True,
         )

@@ -5,6 +5,8 @@ the child itself gets SIGINT (what a terminal's Ctrl-C sends) and ``grace_s`` se
 (pytest's session finish, which stops xdist workers; a scenario driver ending its ranks and removing its pool);
 then its whole group gets SIGTERM and SIGKILL. Only the child is interrupted: its own children (workers, ranks,
 peers) are its to stop, and none of them prints a ``KeyboardInterrupt`` traceback from the middle of its start-up.
+If this process is SIGKILLed, nothing here runs: a child started with ``python_child.python_command`` ends
+itself then (``die_with_parent``), and it is started from the thread that waits for it, as that requires.
 """
 
 from __future__ import annotations

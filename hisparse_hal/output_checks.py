@@ -3,13 +3,15 @@ that every optional module a flag needs imports, so a mistyped path or a missing
 not after a long run.
 
 Invariant: a check creates at most the folders it was asked to write into (and removes the scratch file it
-writes to prove a folder writable); it never writes an output file.
+writes to prove a folder writable); it never writes an output file, except one probe byte into a character
+device (``/dev/null``, ``/dev/full``), whose "file" is only what a write does.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import stat
 from pathlib import Path
 
 from .errors import InvalidArgumentError
@@ -38,14 +40,19 @@ def writable_directory(path: str | os.PathLike[str], option: str) -> Path:
     return folder
 
 
+#: Bytes the scratch file of a folder check receives (one page: enough to meet a full file system).
+_PROBE_BYTES = 4096
+
+
 def _probe_write(folder: Path, what: str) -> None:
     """Create and remove a scratch file in ``folder``: permissions alone do not tell (root, read-only mounts,
     ``/proc``)."""
     import tempfile
 
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".hisparse-write-check-"):
-            pass
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".hisparse-write-check-") as probe:
+            probe.write(b"\0" * _PROBE_BYTES)  # a full file system refuses data, not always an empty file
+            probe.flush()
     except OSError as exc:
         raise InvalidArgumentError(f"{what}: cannot write in {str(folder)!r}: {exc.strerror or exc}") from None
 
@@ -61,8 +68,10 @@ def writable_file(path: str | os.PathLike[str], option: str) -> Path:
         raise InvalidArgumentError(f"{option} {str(path)!r} is a folder; give a file name")
     if target.exists():
         try:
-            with open(target, "r+b"):
-                pass
+            with open(target, "r+b") as existing:
+                if stat.S_ISCHR(os.fstat(existing.fileno()).st_mode):  # /dev/full takes the open, not the data
+                    existing.write(b"\0")
+                    existing.flush()
         except OSError as exc:
             raise InvalidArgumentError(f"{option} {str(path)!r} cannot be written: {exc.strerror or exc}") from None
     parent = target.parent if str(target.parent) else Path(".")

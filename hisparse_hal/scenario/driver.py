@@ -1,10 +1,11 @@
 """``run_scenario``: start the ranks of a tensor-parallel offload run as processes, watch them, and
 collect one ``ScenarioResult``.
 
-Invariant: the driver never hangs on a rank. A rank that sends nothing while it makes no progress for
-longer than the wait bound plus a grace period is killed and reported; the pool's file is removed
-however the run ends. Ranks start with SIGINT blocked: an interrupt is the driver's to handle, and it
-ends the ranks (SIGTERM, then SIGKILL) before it returns.
+Invariant: the driver never hangs on a rank. The ranks that have sent nothing are killed and reported once
+rank 0 has published no new step for the stall bound (:func:`stall_bound_s`: the wait bound plus
+``STALL_GRACE_S``), and before the first step not earlier than ``STARTUP_GRACE_S`` after the start; the pool's
+file is removed however the run ends. Ranks start with SIGINT blocked and die with the driver (SIGKILL included):
+an interrupt is the driver's to handle, and it ends the ranks (SIGTERM, then SIGKILL) before it returns.
 """
 
 from __future__ import annotations
@@ -33,8 +34,17 @@ __all__ = ["RankOutcome", "ScenarioResult", "run_scenario"]
 
 log = logging.getLogger(__name__)
 
-#: Time for the ranks to start (interpreters, torch, backend, rendezvous) before the stall bound applies.
+#: Time for the ranks to start (interpreters, torch, backend, rendezvous): until rank 0 publishes its first step,
+#: the ranks are not killed for a stall before this long after the start, whatever the stall bound.
 STARTUP_GRACE_S = 120.0
+#: Seconds beyond the wait bound a rank has to report its own timeout before the driver kills it.
+STALL_GRACE_S = 30.0
+
+
+def stall_bound_s(timeout_s: float | None) -> float:
+    """Seconds without a newly published step after which the driver kills the ranks that sent nothing:
+    the wait bound (``timeout_s``, else ``HISPARSE_HAL_EVENT_TIMEOUT_S``) plus ``STALL_GRACE_S``."""
+    return (timeout_s or event_timeout_s()) + STALL_GRACE_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,19 +180,17 @@ def run_scenario(config: ScenarioConfig, on_progress: Callable[[int], None] | No
     Raises:
         InvalidArgumentError: a bad ``HISPARSE_HAL_EVENT_TIMEOUT_S`` or too many ranks.
     """
-    stall_s = (config.timeout_s or event_timeout_s()) + 30.0
+    stall_s = stall_bound_s(config.timeout_s)
     processes: list[Any] = []
     conns: list[Any] = []
     received: dict[int, dict[str, Any] | None] = {}
     started = time.monotonic()
-    control_map: mmap.mmap | None = None
     pool_path = SharedPool.create(config.ranks, config.pool_blocks, config.block_bytes)
     interrupted = False
     try:
-        control_map = _map_control(pool_path)
+        control = _map_control(pool_path)  # unmapped when the last view is gone (a traceback's frame included)
         _start_ranks(config, pool_path, processes, conns)
-        _collect_outcomes(config, conns, processes, torch.frombuffer(control_map, dtype=torch.int64), received,
-                          on_progress, stall_s, started)
+        _collect_outcomes(config, conns, processes, control, received, on_progress, stall_s)
     except BaseException:
         interrupted = True  # an interrupt (KeyboardInterrupt) or an error of the driver's own: stop the ranks now
         raise
@@ -191,21 +199,23 @@ def run_scenario(config: ScenarioConfig, on_progress: Callable[[int], None] | No
         if SharedPool.unlink(pool_path):
             log.info("removed the shared pool %s (no rank got far enough to remove it)", pool_path)
         _stop_ranks(processes, conns, interrupted)
-        if control_map is not None:
-            with contextlib.suppress(BufferError):
-                control_map.close()
     wall = time.monotonic() - started
     outcomes = tuple(_outcome(rank, processes[rank], received.get(rank)) for rank in range(config.ranks))
     return ScenarioResult(config, outcomes, wall, pool_path)
 
 
-def _map_control(pool_path: str) -> mmap.mmap:
-    """The pool's control words (rank 0's published step), mapped for reading."""
+def _map_control(pool_path: str) -> torch.Tensor:
+    """The pool's control words (rank 0's published step), mapped for reading.
+
+    The tensor holds the only reference to the mapping: it is unmapped when the tensor (and every view of it)
+    is gone, so nothing reads it after an unmap, however the run ends.
+    """
     fd = os.open(pool_path, os.O_RDWR)
     try:
-        return mmap.mmap(fd, CONTROL_BYTES)  # read only here; writable so torch maps it without a warning
+        mapping = mmap.mmap(fd, CONTROL_BYTES)  # read only here; writable so torch maps it without a warning
     finally:
         os.close(fd)
+    return torch.frombuffer(mapping, dtype=torch.int64)
 
 
 def _start_ranks(config: ScenarioConfig, pool_path: str, processes: list[Any], conns: list[Any]) -> None:
@@ -214,7 +224,7 @@ def _start_ranks(config: ScenarioConfig, pool_path: str, processes: list[Any], c
     port = _free_port()
     for rank in range(config.ranks):
         parent_end, child_end = context.Pipe(duplex=False)
-        process = context.Process(target=rank_main, args=(rank, config, pool_path, port, child_end),
+        process = context.Process(target=rank_main, args=(rank, config, pool_path, port, child_end, os.getpid()),
                                   name=f"hisparse-scenario-rank{rank}", daemon=True)
         with _terminal_interrupts_blocked():
             process.start()  # the rank inherits the mask: a Ctrl-C reaches the driver, which stops the ranks
@@ -225,8 +235,9 @@ def _start_ranks(config: ScenarioConfig, pool_path: str, processes: list[Any], c
 
 def _collect_outcomes(config: ScenarioConfig, conns: list[Any], processes: list[Any], control: torch.Tensor,
                       received: dict[int, dict[str, Any] | None], on_progress: Callable[[int], None] | None,
-                      stall_s: float, started: float) -> None:
-    """Wait for every rank's outcome into ``received``, reporting progress; kill ranks that stall past ``stall_s``."""
+                      stall_s: float) -> None:
+    """Wait for every rank's outcome into ``received``, reporting progress; kill the ranks that sent nothing once
+    no step was published for ``stall_s`` (before the first step: for ``max(STARTUP_GRACE_S, stall_s)``)."""
     published, last_change = -1, time.monotonic()
     while len(received) < config.ranks:
         for rank, conn in enumerate(conns):
@@ -243,7 +254,7 @@ def _collect_outcomes(config: ScenarioConfig, conns: list[Any], processes: list[
             published, last_change = now_published, now
             if on_progress is not None:
                 on_progress(published + 1)
-        if now - last_change > stall_s and now - started > STARTUP_GRACE_S:
+        if now - last_change > (stall_s if published >= 0 else max(STARTUP_GRACE_S, stall_s)):
             for rank, process in enumerate(processes):
                 if rank not in received:
                     log.error("rank %d made no progress for %.0f s; killing it", rank, now - last_change)

@@ -4,12 +4,13 @@ Invariant: the file is unlinked as soon as every rank has mapped it, and its nam
 process that created it, so a file left by a creator that was SIGKILLed before that moment is found and
 removed by :func:`sweep_stale_pools` once that creator is dead; each rank holds a POSIX lock on its own byte
 of the file while it lives, so any rank can tell, without a timeout, that another one is gone (the kernel
-drops a dead process's locks).
+drops a dead process's locks). The mapping is never unmapped while a tensor views it: every view keeps the
+``mmap`` object alive (``torch.frombuffer`` holds a reference, not a buffer export, so an explicit ``close()``
+would succeed under a live view), and it is unmapped when the last view is gone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import logging
@@ -23,7 +24,8 @@ import torch
 
 from hisparse_hal.errors import InvalidArgumentError
 
-__all__ = ["SharedPool", "CONTROL_BYTES", "PUBLISHED", "ABORTED", "NAME_PREFIX", "sweep_stale_pools", "pool_owner"]
+__all__ = ["SharedPool", "CONTROL_BYTES", "PUBLISHED", "ABORTED", "ABORTED_BY", "NAME_PREFIX", "sweep_stale_pools",
+           "pool_owner"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ _CONSUMED_AT = 1
 _PIDS_AT = 128
 #: Word set to ``1 + lost rank`` by the first rank that finds another one gone (0: none).
 ABORTED = 511
+#: Word holding the rank that set ``ABORTED`` (the reporter; meaningful only once ``ABORTED`` is set).
+ABORTED_BY = 510
 NAME_PREFIX = "hisparse-hal-pool-"
 MAX_RANKS = _PIDS_AT - _CONSUMED_AT
 
@@ -57,6 +61,7 @@ class SharedPool:
         self.ranks = ranks
         size = CONTROL_BYTES + pool_blocks * block_bytes
         self._fd = os.open(path, os.O_RDWR)  # the only descriptor this process opens on the file
+        self._map: mmap.mmap | None = None
         try:
             if os.fstat(self._fd).st_size != size:
                 raise InvalidArgumentError(f"shared pool {path} is {os.fstat(self._fd).st_size} bytes, expected {size}")
@@ -139,10 +144,13 @@ class SharedPool:
         return [r for r in range(self.ranks) if self.is_lost(r)]
 
     def close(self) -> None:
-        """Drop this rank's mapping and its liveness lock (callers drop their views of ``data`` first)."""
+        """Drop this rank's liveness lock and its references to the mapping.
+
+        The mapping itself is unmapped when the last tensor viewing it is gone (a traceback's frame that
+        still holds ``data`` can be printed safely), never here.
+        """
         self.control = self.data = None  # type: ignore[assignment]
-        with contextlib.suppress(BufferError):  # a view still alive somewhere: the exit unmaps it
-            self._map.close()
+        self._map = None
         os.close(self._fd)
 
 

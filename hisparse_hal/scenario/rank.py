@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from hisparse_hal.errors import HalError, InvalidDescriptorError
 from hisparse_hal.kv_cache import KVCacheConfig, LayerSpec
+from hisparse_hal.python_child import die_with_parent
 from hisparse_hal.settings import EVENT_TIMEOUT_ENV
 
 from .blocks import find_mismatches, plan_step, step_rows
@@ -89,8 +90,10 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-def rank_main(rank: int, config: ScenarioConfig, pool_path: str, port: int, conn: Any) -> None:
-    """Entry point of rank ``rank`` (spawned); sends one outcome dictionary through ``conn``."""
+def rank_main(rank: int, config: ScenarioConfig, pool_path: str, port: int, conn: Any, driver_pid: int) -> None:
+    """Entry point of rank ``rank`` (spawned by the driver ``driver_pid``, with which it dies); sends one outcome
+    dictionary through ``conn``."""
+    die_with_parent(driver_pid)  # a SIGKILLed driver leaves no rank stepping on its own
     outcome: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "steps_done": 0, "bytes_moved": 0,
                                "mismatches": 0, "mismatch_examples": [], "preflight": {}, "step_times": []}
     try:

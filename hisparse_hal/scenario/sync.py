@@ -17,9 +17,9 @@ import torch
 
 from hisparse_hal.errors import EventTimeoutError, HalError, InvalidArgumentError, PeerLostError
 
-from .pool import ABORTED, PUBLISHED, SharedPool
+from .pool import ABORTED, ABORTED_BY, PUBLISHED, SharedPool
 
-__all__ = ["StepSync", "EventStepSync", "BarrierStepSync", "synchronize_device", "lost_rank_error"]
+__all__ = ["StepSync", "EventStepSync", "BarrierStepSync", "synchronize_device", "lost_rank_error", "find_lost_rank"]
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +37,36 @@ def synchronize_device(backend: Any) -> None:
 def lost_rank_error(pool: SharedPool, lost: int, doing: str, reported_by: int | None = None) -> PeerLostError:
     """The error of a rank that found ``lost`` gone (and marks the pool aborted for the others)."""
     if pool.word(ABORTED) == 0:
+        pool.set_word(ABORTED_BY, pool.rank)
         pool.set_word(ABORTED, lost + 1)
-    via = f" (reported by rank {reported_by})" if reported_by is not None else ""
+    via = f" (reported by rank {reported_by})" if reported_by is not None and reported_by != pool.rank else ""
     return PeerLostError(
         f"rank {lost} (pid {pool.pid_of(lost)}) exited{via} while rank {pool.rank} was {doing}; the run cannot "
         "continue. Nothing of this rank stays pinned; see the lost rank's own log for why it died",
         pid=pool.pid_of(lost), rank=lost,
     )
+
+
+def find_lost_rank(pool: SharedPool, first: int | None = None) -> tuple[int, int | None] | None:
+    """The rank to blame for a failed wait, and the rank that reported it (None: this rank found it), or None.
+
+    A rank that exited is not necessarily the one that died: the first rank to find a loss marks the pool
+    (``ABORTED``) and then exits with its error, releasing its own liveness lock. So the mark decides, and it is
+    read again *after* a lost rank is seen, since that rank may have set it just before it exited.
+
+    Args:
+        pool: this rank's mapping of the pool.
+        first: the rank to check first (the one being waited for).
+    """
+    aborted = pool.word(ABORTED)
+    if aborted:
+        return aborted - 1, pool.word(ABORTED_BY)
+    order = ([first] if first is not None else []) + [r for r in range(pool.ranks) if r != first]
+    lost = next((r for r in order if pool.is_lost(r)), None)
+    if lost is None:
+        return None
+    aborted = pool.word(ABORTED)
+    return (aborted - 1, pool.word(ABORTED_BY)) if aborted else (lost, None)
 
 
 class StepSync(Protocol):
@@ -88,12 +111,9 @@ class _Waiting:
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + LIVENESS_PERIOD_S
-                aborted = pool.word(ABORTED)
-                if aborted:
-                    raise lost_rank_error(pool, aborted - 1, doing, reported_by=None)
-                for rank in ([waiting_for] + [r for r in range(pool.ranks) if r != waiting_for]):
-                    if pool.is_lost(rank):
-                        raise lost_rank_error(pool, rank, doing)
+                found = find_lost_rank(pool, waiting_for)
+                if found is not None:
+                    raise lost_rank_error(pool, found[0], doing, reported_by=found[1])
             if now - start >= self.timeout_s:
                 raise EventTimeoutError(
                     f"rank {pool.rank} waited {self.timeout_s:g} s for rank {waiting_for} while {doing} "
@@ -155,7 +175,8 @@ class EventStepSync:
         try:
             self.imported[rank].wait()
         except PeerLostError:
-            raise lost_rank_error(self.pool, rank, doing) from None
+            lost, reported_by = find_lost_rank(self.pool, rank) or (rank, None)
+            raise lost_rank_error(self.pool, lost, doing, reported_by=reported_by) from None
 
     def before_write(self, step: int) -> None:
         previous = step - self.slots  # the step whose slot this one reuses
@@ -218,9 +239,9 @@ class BarrierStepSync:
         except RuntimeError as exc:  # gloo: a peer's connection closed, or the group's timeout
             deadline = time.monotonic() + 1.0
             while time.monotonic() < deadline:  # the lost rank's lock is released as it dies
-                lost = self.pool.lost_ranks()
-                if lost:
-                    raise lost_rank_error(self.pool, lost[0], doing) from exc
+                found = find_lost_rank(self.pool)
+                if found is not None:
+                    raise lost_rank_error(self.pool, found[0], doing, reported_by=found[1]) from exc
                 time.sleep(0.02)
             raise EventTimeoutError(
                 f"rank {self.pool.rank}: torch.distributed barrier failed while {doing} and no rank has exited: "

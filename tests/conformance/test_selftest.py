@@ -1,4 +1,5 @@
-"""The conformance suite judged end to end: it passes the CPU reference device, and it fails each
+"""The conformance suite judged end to end: it passes the CPU reference device (run in parts, each well under the
+per-test time limit on a loaded machine), and it fails each
 deliberately broken backend (hisparse_hal/testing/broken_backends.py) in the area where its bug is; expectations,
 gating and the runner's errors behave as documented."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hisparse_hal.conformance.report import AREAS, OUTCOMES
+from hisparse_hal.conformance.report import AREA_TITLES, AREAS, OUTCOMES
 from hisparse_hal.testing.broken_backends import BROKEN, MUST_FAIL
 
 BROKEN_MODULE = "hisparse_hal.testing.broken_backends"
@@ -42,8 +43,29 @@ def _tail(done: subprocess.CompletedProcess) -> str:
     return (done.stdout[-4000:] + "\n" + done.stderr[-2000:]).strip()
 
 
-def test_conformance_passes_on_the_cpu_reference_device(tmp_path):
-    done, doc = _conformance(tmp_path, "--backend", "cpu", "--strict")
+#: The CPU run of the whole suite, in parts that each stay well under pytest-timeout's limit on a loaded
+#: machine: (the test modules' -k expression, the areas it covers).
+SUITE_PARTS = {
+    "probe-stats-config-pinning": ("test_probe or test_stats or test_config or test_pinning",
+                                   ("probe", "stats", "config", "pinning")),
+    "swaps-gathers": ("test_swaps or test_gathers", ("swaps", "gathers")),
+    "capture-cache_ops": ("test_capture or test_cache_ops", ("capture", "cache_ops")),
+    "ipc": ("test_ipc", ("ipc",)),
+    "scenario": ("test_scenario", ("scenario",)),
+}
+
+
+def test_the_suite_parts_cover_every_area_and_every_test_module():
+    modules = {p.stem for p in (Path(__file__).parents[2] / "conformance" / "tests").glob("test_*.py")}
+    keywords = {word for expression, _ in SUITE_PARTS.values() for word in expression.split(" or ")}
+    assert keywords == modules
+    assert sorted(area for _, areas in SUITE_PARTS.values() for area in areas) == sorted(AREAS)
+
+
+@pytest.mark.parametrize("part", sorted(SUITE_PARTS))
+def test_conformance_passes_on_the_cpu_reference_device(tmp_path, part):
+    keyword, part_areas = SUITE_PARTS[part]
+    done, doc = _conformance(tmp_path, "--backend", "cpu", "--strict", "-k", keyword)
     assert done.returncode == 0, _tail(done)
     assert doc is not None and (tmp_path / "report" / "summary.md").exists()
     summary = doc["summary"]
@@ -52,25 +74,16 @@ def test_conformance_passes_on_the_cpu_reference_device(tmp_path):
     assert summary["failed"] == summary["xpassed"] == 0
     assert doc["backend"] == "cpu" and doc["suite_version"] and doc["facts"]["capabilities"]["graph_capture"] is True
     areas = _by_area(doc)
-    for area in AREAS:
+    for area in part_areas:
         assert areas[area]["passed"] > 0, f"no {area} test passed on the CPU device"
     for test in doc["tests"]:
         assert set(test) == {"id", "area", "outcome", "duration", "reason"}
         if test["outcome"] == "skipped":
             assert test["reason"].strip(), f"{test['id']} was skipped without a reason"
     table = (tmp_path / "report" / "summary.md").read_text()
-    for title in (
-        "Probe",
-        "Swaps",
-        "Gathers",
-        "Pinning",
-        "KV config and views",
-        "Stats",
-        "Graph capture",
-        "IPC events",
-    ):
-        assert f"| {title} | PASS |" in table
-    assert f"| **Total** | **PASS** | {summary['passed']} | 0 |" in table
+    for area in part_areas:
+        assert f"| {AREA_TITLES[area]} | PASS |" in table
+    assert f"| **Total** | **PASS (partial)** | {summary['passed']} | 0 |" in table  # a selection of the suite
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN))

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hisparse_hal.capabilities import KV_FORMATS, Capabilities
-from hisparse_hal.scenario import ScenarioConfig, run_scenario
+from hisparse_hal.scenario import FaultPlan, ScenarioConfig, run_scenario
 from hisparse_hal.scenario.config import ROW_BYTES
 
 
@@ -83,3 +83,35 @@ def test_scenario_command_refuses_an_unknown_backend_with_the_probe_table_before
     done = _cli("--ranks", "2", "--steps", "5", "--backend", "no-such-backend")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "no-such-backend" in done.stderr and "cpu" in done.stderr and "rank" not in done.stdout
+
+
+def test_the_stall_bound_is_the_wait_bound_plus_its_grace(monkeypatch):
+    from hisparse_hal.scenario.driver import STALL_GRACE_S, stall_bound_s
+    from hisparse_hal.settings import EVENT_TIMEOUT_ENV
+
+    assert STALL_GRACE_S == 30.0 and stall_bound_s(10.0) == 40.0
+    monkeypatch.setenv(EVENT_TIMEOUT_ENV, "7")
+    assert stall_bound_s(None) == 37.0
+
+
+@pytest.mark.timeout(600)
+def test_every_survivor_blames_the_killed_rank_on_the_barrier_path():
+    # Rank 1 is killed; rank 0 finds it and exits with its error, so rank 2 can see rank 0 gone as well.
+    result = run_scenario(ScenarioConfig(ranks=3, steps=60, backend="cpu", sync="barrier", timeout_s=60,
+                                         kill=FaultPlan(1, 10)))
+    survivors = [r for r in result.ranks if r.rank != 1]
+    assert [(r.error_type, r.lost_rank) for r in survivors] == [("PeerLostError", 1)] * 2, _errors(result)
+    assert all(r.error is not None and r.error.startswith(f"rank 1 (pid {result.ranks[1].pid}) exited")
+               for r in survivors), _errors(result)
+
+
+def _errors(result) -> str:
+    return "\n".join(f"rank {r.rank}: {r.error_type}: {r.error}" for r in result.ranks)
+
+
+@pytest.mark.timeout(300)
+def test_an_unwritable_json_path_fails_in_one_line_before_any_rank_starts():
+    done = _cli("--ranks", "2", "--steps", "5", "--backend", "cpu", "--json", "/dev/full")
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "hisparse-hal scenario: --json '/dev/full' cannot be written: No space left on device"]

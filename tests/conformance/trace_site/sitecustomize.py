@@ -79,5 +79,6 @@ class _TracingFinder(importlib.abc.MetaPathFinder):
 
 if _TRACE:
     _argv = getattr(sys, "orig_argv", sys.argv)
-    note("process " + " ".join(_argv[1:6]).replace("\n", " ")[:200])
+    # Without multi-line code (python_command's bootstrap), so that "-m pytest" after it is within the note.
+    note("process " + " ".join(a for a in _argv[1:] if "\n" not in a)[:200])
     sys.meta_path.insert(0, _TracingFinder())
