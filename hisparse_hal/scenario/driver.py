@@ -17,6 +17,7 @@ import mmap
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -132,15 +133,30 @@ class ScenarioResult:
 
 
 @contextlib.contextmanager
-def _terminal_interrupts_blocked() -> Iterator[None]:
-    """Block SIGINT in this thread while a rank is started, so the rank starts with it blocked: a terminal's
-    Ctrl-C, sent to the whole foreground group, then reaches only the driver, and no rank prints a
-    ``KeyboardInterrupt`` traceback from the middle of its start-up. A SIGINT meanwhile is delivered after."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
+def _rank_start_uninterrupted() -> Iterator[None]:
+    """Start a rank whole: hold SIGINT and SIGTERM until ``Process.start()`` has handed the rank its start-up data,
+    then deliver them. An interrupt in the middle would close the pipe the spawned rank is reading, which then
+    dies printing ``EOFError: Ran out of input``. Blocking the signal in this thread alone is not enough: the
+    kernel hands a process-directed signal to any thread that does not block it, and Python runs its handler in
+    the main thread all the same; so, in the main thread, the handlers are swapped for ones that only note the
+    signal. SIGINT also stays blocked in this thread, so the rank inherits it blocked: a terminal's Ctrl-C, sent
+    to the whole foreground group, reaches only the driver, which stops the ranks."""
+    noted: list[int] = []
+    with contextlib.ExitStack() as restore:  # every restore runs, even when a restored handler raises meanwhile
+        restore.callback(_deliver_first, noted)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        restore.callback(signal.pthread_sigmask, signal.SIG_SETMASK, blocked)  # a pending SIGINT: delivered then
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                restore.callback(signal.signal, signum,
+                                 signal.signal(signum, lambda received, _frame: noted.append(received)))
         yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _deliver_first(noted: list[int]) -> None:
+    """Raise the first signal noted while a rank started, now through the driver's own handler."""
+    if noted:
+        signal.raise_signal(noted[0])
 
 
 def _free_port() -> int:
@@ -226,11 +242,11 @@ def _start_ranks(config: ScenarioConfig, pool_path: str, processes: list[Any], c
         parent_end, child_end = context.Pipe(duplex=False)
         process = context.Process(target=rank_main, args=(rank, config, pool_path, port, child_end, os.getpid()),
                                   name=f"hisparse-scenario-rank{rank}", daemon=True)
-        with _terminal_interrupts_blocked():
+        with _rank_start_uninterrupted():
             process.start()  # the rank inherits the mask: a Ctrl-C reaches the driver, which stops the ranks
-        child_end.close()
-        processes.append(process)
-        conns.append(parent_end)
+            child_end.close()
+            processes.append(process)  # before a held interrupt is delivered, so the driver stops this rank too
+            conns.append(parent_end)
 
 
 def _collect_outcomes(config: ScenarioConfig, conns: list[Any], processes: list[Any], control: torch.Tensor,

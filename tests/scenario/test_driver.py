@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from hisparse_hal.capabilities import KV_FORMATS, Capabilities
-from hisparse_hal.scenario import FaultPlan, ScenarioConfig, run_scenario
+from hisparse_hal.scenario import FaultPlan, ScenarioConfig, driver, run_scenario
 from hisparse_hal.scenario.config import ROW_BYTES
 
 
@@ -115,3 +117,31 @@ def test_an_unwritable_json_path_fails_in_one_line_before_any_rank_starts():
     assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [
         "hisparse-hal scenario: --json '/dev/full' cannot be written: No space left on device"]
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signal handlers: main thread")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupt_while_a_rank_starts_is_delivered_once_the_rank_is_recorded(signum: int) -> None:
+    # The interrupted CI run's shape: a signal in the middle of Process.start() closed the pipe the spawned rank was
+    # reading ("EOFError: Ran out of input"). Held signals reach the driver's handler after the block, once.
+    seen: list[object] = []
+
+    def driver_handler(received: int, _frame: object) -> None:
+        seen.append(received)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, driver_handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    mask_before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with driver._rank_start_uninterrupted():
+                os.kill(os.getpid(), signum)  # process-directed, like a terminal's or a supervisor's signal
+                for _ in range(10_000):  # many points where Python would run a handler
+                    pass
+                seen.append("rank recorded")
+        assert seen == ["rank recorded", signum]
+        assert signal.getsignal(signal.SIGINT) is driver_handler and signal.getsignal(signal.SIGTERM) is driver_handler
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == mask_before
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
