@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
+from hisparse_hal.events import check_timeout_s
 
 __all__ = ["FaultPlan", "ScenarioConfig", "SyncChoice", "choose_sync", "ROW_BYTES"]
 
@@ -86,10 +87,8 @@ class ScenarioConfig:
             raise InvalidArgumentError(f"threads_per_rank must be None or an int >= 1, got {self.threads_per_rank!r}")
         if self.sync not in ("auto", "events", "barrier"):
             raise InvalidArgumentError(f"scenario sync must be 'auto', 'events' or 'barrier', got {self.sync!r}")
-        if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s < 1e6):
-            raise InvalidArgumentError(
-                f"scenario timeout_s must be a positive number of seconds, got {self.timeout_s!r}"
-            )
+        if self.timeout_s is not None and check_timeout_s(self.timeout_s, "scenario timeout_s") >= 1e6:
+            raise InvalidArgumentError(f"scenario timeout_s must be under 1e6 seconds, got {self.timeout_s!r}")
         chunk = self.host_chunk_bytes
         if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
             raise InvalidArgumentError(f"host_chunk_bytes must be a positive int, got {self.host_chunk_bytes!r}")

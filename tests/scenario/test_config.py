@@ -18,3 +18,10 @@ from hisparse_hal.scenario import FaultPlan, ScenarioConfig
 def test_config_rejects_bad_values_naming_them(changes, message):
     with pytest.raises(InvalidArgumentError, match=message):
         ScenarioConfig(**changes)
+
+
+@pytest.mark.parametrize("bad", [True, float("nan"), float("inf"), -1.0, 0, "5", 1e6])
+def test_scenario_timeout_is_checked_as_every_event_bound(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="scenario timeout_s must be") as refused:
+        ScenarioConfig(timeout_s=bad)  # type: ignore[arg-type]
+    assert repr(bad)[:20] in str(refused.value)
