@@ -216,6 +216,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "needs(*capabilities): skip unless each named Capabilities flag is true (the reason names it)"
     )
+    config.addinivalue_line(
+        "markers", "hal_extension: uses a member hisparse-hal adds to vLLM's contract (not in the vLLM contract's suite)"
+    )
     try:
         state = ConformanceState(config)
     except HalError as exc:
