@@ -3,7 +3,8 @@ ingest. One ``<testcase>`` per conformance test; expected failures and skips car
 
 Invariant: written from the final report (after any crash-resume), so it counts exactly the tests ``results.json`` does,
 plus, for a run that did not finish, one ``<error>`` case saying so (a CI page never shows an interrupted run green).
-The selection (``-k``, full suite or not, deselected count) is kept as properties.
+The selection (``-k``, full suite or not, deselected count), the verdict and the contract are kept as properties;
+a ``--strict`` run with unmatched expectation entries has one failing case saying so (its verdict is FAIL).
 """
 
 from __future__ import annotations
@@ -13,24 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .report import overall_verdict
+from .report import CAPABILITY_SKIP_PREFIX, PROBE_GATE_SKIP_PREFIX, overall_verdict, skip_kind, strict_failure
 
 __all__ = ["CAPABILITY_SKIP_PREFIX", "PROBE_GATE_SKIP_PREFIX", "skip_kind", "render_junit", "write_junit"]
-
-#: How the plugin words a skip for a capability the backend lacks, and the probe tier's gate.
-CAPABILITY_SKIP_PREFIX = "backend capability "
-PROBE_GATE_SKIP_PREFIX = "probe tier failed "
-
-
-def skip_kind(reason: str) -> str:
-    """The kind of a skip from its reason: ``capability``, ``probe-gate``, ``expectation`` or ``skipped``."""
-    if reason.startswith(CAPABILITY_SKIP_PREFIX):
-        return "capability"
-    if reason.startswith(PROBE_GATE_SKIP_PREFIX):
-        return "probe-gate"
-    if "(expectations " in reason:
-        return "expectation"
-    return "skipped"
 
 
 def _testcase(parent: ET.Element, test: Mapping[str, Any], backend: str) -> None:
@@ -66,9 +52,10 @@ def render_junit(doc: Mapping[str, Any]) -> str:
     summary = doc["summary"]
     tests = list(doc["tests"])
     incomplete = doc.get("incomplete")
+    strict = strict_failure(doc)
     counts = {
-        "tests": str(len(tests) + (1 if incomplete else 0)),
-        "failures": str(summary.get("failed", 0) + summary.get("xpassed", 0)),
+        "tests": str(len(tests) + (1 if incomplete else 0) + (1 if strict else 0)),
+        "failures": str(summary.get("failed", 0) + summary.get("xpassed", 0) + (1 if strict else 0)),
         "errors": "1" if incomplete else "0",
         "skipped": str(summary.get("skipped", 0) + summary.get("xfailed", 0)),
         "time": f"{sum(float(t['duration']) for t in tests):.3f}",
@@ -78,7 +65,16 @@ def render_junit(doc: Mapping[str, Any]) -> str:
     properties = ET.SubElement(suite, "properties")
     facts = doc.get("facts", {})
     selection = doc.get("selection") or {}
+    contract = doc.get("contract") or {}
+    suite_block = doc.get("suite") or {}
+    run = doc.get("run") or {}
+    device = run.get("device") or {}
     for key, value in (("backend", backend), ("suite_version", doc.get("suite_version")),
+                       ("contract", contract.get("id")), ("contract_title", contract.get("title")),
+                       ("suite_sha256", suite_block.get("sha256")), ("mode", doc.get("mode")),
+                       ("started", run.get("started")), ("host", run.get("host")),
+                       ("hisparse_hal_version", run.get("hisparse_hal_version")), ("commit", run.get("commit")),
+                       ("device_name", device.get("name")), ("device_driver", device.get("driver")),
                        ("torch", facts.get("torch")), ("device", facts.get("device")),
                        ("verdict", overall_verdict(doc)), ("incomplete", "true" if incomplete else None),
                        ("full_suite", str(selection["full_suite"]).lower() if "full_suite" in selection else None),
@@ -88,6 +84,11 @@ def render_junit(doc: Mapping[str, Any]) -> str:
             ET.SubElement(properties, "property", {"name": key, "value": str(value)})
     for test in tests:
         _testcase(suite, test, backend)
+    if strict:
+        case = ET.SubElement(suite, "testcase", {"classname": f"hisparse_hal.conformance.{backend}.expectations",
+                                                 "name": "expectation entries match tests (--strict)", "time": "0"})
+        text = "expectation entries match no test: " + "; ".join(map(str, doc["expectations"]["unmatched"]))
+        ET.SubElement(case, "failure", {"type": "strict", "message": text[:500]}).text = text
     if incomplete:
         case = ET.SubElement(suite, "testcase", {"classname": f"hisparse_hal.conformance.{backend}.run",
                                                  "name": "run incomplete", "time": "0"})

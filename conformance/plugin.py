@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import tempfile
 import time
 import warnings
@@ -23,13 +24,16 @@ from hisparse_hal.errors import HalError
 
 from . import SUITE_VERSION
 from .expectations import Expectations, backend_architectures, load_expectations
+from . import run_record
 from .junit import CAPABILITY_SKIP_PREFIX, PROBE_GATE_SKIP_PREFIX
+from .mustpass import suite_digest
 from .recipe import BackendRecipe
 from .report import (
     AREAS,
     ResultCollector,
     area_of,
     build_results,
+    overall_verdict,
     render_summary,
     selection_text,
     suite_test_id,
@@ -41,6 +45,8 @@ pytest_plugins = ("hisparse_hal.conformance.fixtures",)
 
 STATE_KEY = pytest.StashKey["ConformanceState"]()
 GATE_WAIT_S = 900.0
+#: The ``user_properties`` name under which a claims-tier test records a denied capability that works.
+CLAIM_PROPERTY = "hal_claim"
 
 
 class UnmatchedExpectationWarning(UserWarning):
@@ -74,9 +80,13 @@ class Selection:
         """The ``selection`` entry of ``results.json``."""
         areas = sorted({area_of(i) for i in self.selected_ids}, key=lambda a: AREAS.index(a) if a in AREAS else 99)
         full = not (self.keyword or self.markexpr or self.deselected or self.narrowing_args())
+        per_area: dict[str, int] = {}
+        for test_id in self.selected_ids:
+            per_area[area_of(test_id)] = per_area.get(area_of(test_id), 0) + 1
         return {"keyword": self.keyword or None, "markexpr": self.markexpr or None,
                 "pytest_args": self.pytest_args or None, "selected": len(self.selected_ids),
-                "deselected": self.deselected, "areas": areas, "full_suite": full}
+                "deselected": self.deselected, "areas": areas, "full_suite": full,
+                "per_area": {a: per_area[a] for a in areas}}
 
 
 class ConformanceState:
@@ -105,12 +115,16 @@ class ConformanceState:
         self.running_now: set[str] = set()  # tests started and not finished (several under xdist)
         self.environment: dict[str, Any] | None = None
         self.started = time.time()
+        self.finished: float | None = None
         self.selection = Selection(config)
+        self.claims: list[dict[str, Any]] = []  # denied capabilities a claims-tier probe found working
+        self.record_facts: dict[str, Any] | None = None  # the run's format-2 facts, read once
         self.resumed: set[str] = set()
         resume = config.getoption("hal_resume")
         if resume:
             earlier = json.loads(Path(resume).read_text(encoding="utf-8"))
             self.collector.restore(earlier["tests"])
+            self.claims = list(earlier.get("claims") or [])
             self.resumed = {t["id"] for t in earlier["tests"]}
             self.probe_failures = [
                 t["id"] for t in earlier["tests"] if t["area"] == "probe" and t["outcome"] in ("failed", "xpassed")
@@ -122,6 +136,7 @@ class ConformanceState:
             try:
                 self._backend = self.run.build()
                 self.backend_facts = backend_facts(self._backend)
+                self.backend_facts["device_identity"] = _device_identity(self._backend, self.run.probe_facts())
             except BaseException as exc:  # re-raised by every test that needs the backend
                 self._backend_error = exc
         if self._backend_error is not None:
@@ -158,6 +173,23 @@ def backend_facts(backend: Any) -> dict[str, Any]:
         "capabilities": caps.as_dict(),
         "architectures": list(backend_architectures(caps.versions, {})),
     }
+
+
+def _device_identity(backend: Any, probe_facts: dict[str, Any]) -> dict[str, str | None]:
+    """``run.device`` of the built backend (see :func:`run_record.device_identity`); torch names a GPU only
+    when the probe facts and ``capabilities.versions`` do not."""
+    device = str(backend.device)
+    versions = dict(backend.capabilities.versions)
+    torch_name = None
+    gpu = run_record.device_identity(device, versions, probe_facts)
+    if device != "cpu" and not gpu["name"]:
+        import torch
+
+        try:
+            torch_name = torch.cuda.get_device_name(torch.device(device))
+        except (RuntimeError, AssertionError, ValueError):
+            torch_name = None
+    return run_record.device_identity(device, versions, probe_facts, torch_name)
 
 
 def environment_facts(run: ResolvedRun) -> dict[str, Any]:
@@ -234,6 +266,31 @@ def pytest_configure(config: pytest.Config) -> None:
             state.backend()  # built once, here; a failure is reported by the header and by every test that needs it
         except BaseException:  # noqa: BLE001 - kept by the state, re-raised where the backend is used
             pass
+        _publish_worker_facts(state)
+
+
+def _publish_worker_facts(state: ConformanceState) -> None:
+    """An xdist worker leaves its backend's facts beside the gate file at once, so that the controller's report
+    names the device and capabilities even when the run is interrupted before any worker ends."""
+    if not (_is_worker(state.config) and state.gate_file and state.backend_facts):
+        return
+    worker = state.config.workerinput.get("workerid", "gw")  # type: ignore[attr-defined]
+    target = Path(state.gate_file).with_name(f"facts-{worker}.json")
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(state.backend_facts, default=str), encoding="utf-8")
+    os.replace(tmp, target)
+
+
+def _worker_facts(state: ConformanceState) -> dict[str, Any]:
+    """The backend facts an xdist worker published (empty: none yet)."""
+    if not state.gate_file:
+        return {}
+    for path in sorted(Path(state.gate_file).parent.glob("facts-*.json")):
+        try:
+            return dict(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return {}
 
 
 # The runner starts pytest with SIGINT blocked: an interrupt while modules import (pytest's plugins, the test
@@ -406,6 +463,7 @@ class RunHooks:
         if _is_worker(state.config):
             return
         state.collector.add(report)
+        _take_claims(state, report)
         if state.pending_probe is not None and is_probe:  # xdist controller: publish the probe verdict
             if report.failed:
                 _write_gate(state, state.probe_failures)
@@ -454,11 +512,73 @@ class RunHooks:
                 state.unmatched.append(text)
 
 
+def _take_claims(state: ConformanceState, report: pytest.TestReport) -> None:
+    """Keep the claims a claims-tier test recorded (``record_property(CLAIM_PROPERTY, json)``), one per capability."""
+    for name, value in getattr(report, "user_properties", ()) or ():
+        if name != CLAIM_PROPERTY:
+            continue
+        claim = json.loads(value) if isinstance(value, str) else dict(value)
+        if all(c.get("capability") != claim.get("capability") for c in state.claims):
+            state.claims.append(claim)
+
+
 # ------------------------------------------------------------------------------------------ finish
+def _record_facts(state: ConformanceState) -> dict[str, Any]:
+    """The run's format-2 facts that do not change while it runs (read once): contract, suite, commit, version,
+    the vendor's expectations file."""
+    if state.record_facts is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            hal_version: str | None = version("hisparse-hal")
+        except PackageNotFoundError:
+            hal_version = None
+        state.record_facts = {"contract": run_record.contract_of(state.run).as_dict(), "suite": suite_digest(),
+                              "version": hal_version, "commit": run_record.checkout_commit()}
+    return state.record_facts
+
+
+def _vendor_expectations(state: ConformanceState) -> str | None:
+    """The vendor's installed expectations file for the built backend's class (None: none, or not built)."""
+    from .recipe import load_factory
+    from .resolved_run import expectations_for_class
+
+    qualname = state.backend_facts.get("backend_class") or state.run.backend_class
+    if not qualname or ":" not in qualname:
+        return None
+    try:
+        return expectations_for_class(load_factory(qualname))
+    except Exception:  # noqa: BLE001 - a class that cannot be imported here has no known vendor file
+        return None
+
+
+def _format2(state: ConformanceState, doc: dict[str, Any], finished: float | None) -> dict[str, Any]:
+    """Add results.json format 2's keys to ``doc`` (see run_record)."""
+    fixed = _record_facts(state)
+    facts = doc["facts"]
+    device = facts.get("device_identity") or run_record.device_identity(str(facts.get("device", "?")), {}, {})
+    doc["format"] = run_record.FORMAT
+    doc["contract"] = fixed["contract"]
+    doc["suite"] = fixed["suite"]
+    doc["mode"] = "full" if doc["selection"].get("full_suite") else "subset"
+    doc["backend_under_test"] = run_record.backend_under_test(state.recipe, facts)
+    doc["run"] = run_record.run_block(state.started, finished, device, fixed["version"], fixed["commit"])
+    doc["claims"] = list(state.claims)
+    if "expectations_record" not in fixed and state.backend_facts:
+        fixed["expectations_record"] = run_record.expectations_record(state.expectations_path,
+                                                                      _vendor_expectations(state))
+    doc["expectations"].update(fixed.get("expectations_record")
+                               or run_record.expectations_record(state.expectations_path, None))
+    doc["verdict"] = overall_verdict(doc)
+    return doc
+
+
 def _document(state: ConformanceState, running: str | None = None,
-              incomplete: dict[str, Any] | None = None) -> dict[str, Any]:
+              incomplete: dict[str, Any] | None = None, finished: float | None = None) -> dict[str, Any]:
     if state.environment is None:
         state.environment = environment_facts(state.run)
+    if not state.backend_facts:  # the xdist controller builds no backend: a worker's facts
+        state.backend_facts = _worker_facts(state)
     facts = dict(state.environment)
     facts.update(state.backend_facts)
     facts["architectures"] = sorted(
@@ -466,7 +586,7 @@ def _document(state: ConformanceState, running: str | None = None,
     )
     facts["duration_s"] = round(time.time() - state.started, 2)
     backend = state.recipe.registry_name or str(state.recipe.factory)
-    return build_results(
+    doc = build_results(
         SUITE_VERSION,
         backend,
         facts,
@@ -477,6 +597,7 @@ def _document(state: ConformanceState, running: str | None = None,
             if running else {}),
          **({"incomplete": incomplete} if incomplete else {})},
     )
+    return _format2(state, doc, finished)
 
 
 def _unfinished(state: ConformanceState, session: pytest.Session) -> dict[str, Any] | None:
@@ -506,24 +627,29 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state.strict and state.unmatched and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     state.finished_incomplete = _unfinished(state, session)
+    state.finished = time.time()
+    final = _document(state, incomplete=state.finished_incomplete, finished=state.finished)  # reads worker facts
     if state.report_dir:
-        write_report(state.report_dir, _document(state, incomplete=state.finished_incomplete))
-    if state.gate_file and Path(state.gate_file).exists():
-        Path(state.gate_file).unlink()
+        write_report(state.report_dir, final)
+    if state.gate_file:
+        shutil.rmtree(Path(state.gate_file).parent, ignore_errors=True)  # the gate file and the workers' facts
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     state = state_of(config)
     if _is_worker(config):
         return
-    doc = _document(state, incomplete=state.finished_incomplete)
+    doc = _document(state, incomplete=state.finished_incomplete, finished=state.finished)
     terminalreporter.section("hisparse-hal conformance")
     for line in render_summary(doc).splitlines():
-        if line.startswith(("|", "# ", "**INCOMPLETE")):
+        if line.startswith(("|", "# ", "**INCOMPLETE", "**FAIL", "Run ")):
             terminalreporter.write_line(line)
     terminalreporter.write_line(selection_text(doc.get("selection")))
+    for claim in doc["claims"]:
+        terminalreporter.write_line(f"warning: the backend denies {claim['capability']}, but a probe found it "
+                                    f"working: {claim['evidence']}")
     if state.unmatched:
-        verb = "FAIL (--hal-strict)" if state.strict else "warning"
+        verb = "FAIL (--strict)" if state.strict else "warning"
         for text in state.unmatched:
             terminalreporter.write_line(f"{verb}: expectation entry matches no test: {text}")
     if state.report_dir:

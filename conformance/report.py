@@ -4,8 +4,9 @@
 Invariant: every collected test ends with exactly one outcome among passed, failed, skipped, xfailed
 and xpassed, so the summary's counts add up to the number of tests. An error in setup or teardown
 counts as failed; an unexpected pass of a strict expected failure counts as xpassed and fails the run.
-A run that did not finish (``incomplete``) reads INCOMPLETE, never PASS; a selection of the suite
-(``selection.full_suite`` false) reads as partial.
+A run that did not finish (``incomplete``) reads INCOMPLETE, never PASS, and so does each area it cut short; a
+selection of the suite (``selection.full_suite`` false) reads as partial; a ``--strict`` run with unmatched
+expectation entries reads FAIL, as its exit status says.
 """
 
 from __future__ import annotations
@@ -30,17 +31,65 @@ __all__ = [
     "overall_verdict",
     "mark_incomplete",
     "selection_text",
+    "area_verdict",
+    "skip_kind",
+    "CAPABILITY_SKIP_PREFIX",
+    "PROBE_GATE_SKIP_PREFIX",
+    "NOT_APPLICABLE_REASONS",
+    "skipped_capability",
+    "strict_failure",
+    "run_text",
 ]
 
 #: Areas in tier order; a test's area is its module name without ``test_`` (``test_swaps.py`` -> swaps).
-AREAS = ("probe", "swaps", "gathers", "pinning", "config", "stats", "capture", "ipc", "cache_ops", "scenario")
+AREAS = ("probe", "claims", "swaps", "gathers", "pinning", "config", "stats", "capture", "ipc", "cache_ops",
+         "scenario")
 AREA_TITLES = {
-    "probe": "Probe", "swaps": "Swaps", "gathers": "Gathers", "pinning": "Pinning", "config": "KV config and views",
+    "probe": "Probe", "claims": "Capability claims", "swaps": "Swaps", "gathers": "Gathers", "pinning": "Pinning",
+    "config": "KV config and views",
     "stats": "Stats", "capture": "Graph capture", "ipc": "IPC events", "cache_ops": "Cache ops",
     "scenario": "TP scenario (integration)",
 }
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
 FAILING = ("failed", "xpassed")
+
+#: How the plugin words a skip for a capability the backend lacks, and the probe tier's gate.
+CAPABILITY_SKIP_PREFIX = "backend capability "
+PROBE_GATE_SKIP_PREFIX = "probe tier failed "
+#: How a test words a skip for a capability it reads itself (``capability kv_formats lacks fp8_ds_mla``).
+TEST_CAPABILITY_SKIP_PREFIX = "capability "
+#: Skips a test makes because it does not apply to this kind of backend (a CPU device has no device memory to
+#: refuse; a factory-built backend is not selected by the registry; a format with fixed rows has no width to get
+#: wrong). Reasons start with one of these.
+NOT_APPLICABLE_REASONS = (
+    "the backend's device is host memory",
+    "the backend under test comes from a factory",
+    "fp8_ds_mla rows have a fixed width",
+)
+EXPECTATION_MARK = "(expectations "
+
+
+def skip_kind(reason: str) -> str:
+    """The kind of a skip (or an expected failure) from its reason: ``capability``, ``probe-gate``,
+    ``expectation``, ``not-applicable`` or ``skipped`` (none of those)."""
+    if EXPECTATION_MARK in reason:
+        return "expectation"
+    if reason.startswith((CAPABILITY_SKIP_PREFIX, TEST_CAPABILITY_SKIP_PREFIX)):
+        return "capability"
+    if reason.startswith(PROBE_GATE_SKIP_PREFIX):
+        return "probe-gate"
+    if reason.startswith(NOT_APPLICABLE_REASONS):
+        return "not-applicable"
+    return "skipped"
+
+
+def skipped_capability(reason: str) -> str | None:
+    """The capability a capability skip names (``ipc_events`` of ``backend capability ipc_events is False``)."""
+    for prefix in (CAPABILITY_SKIP_PREFIX, TEST_CAPABILITY_SKIP_PREFIX):
+        if reason.startswith(prefix):
+            word = reason[len(prefix):].split(maxsplit=1)[0] if reason[len(prefix):].strip() else ""
+            return word.split("=", 1)[0] or None
+    return None
 
 
 def suite_test_id(nodeid: str) -> str:
@@ -69,14 +118,20 @@ class TestResult:
     reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        """The ``tests[]`` entry of ``results.json``."""
-        return {
+        """The ``tests[]`` entry of ``results.json``: ``skip_kind`` for a skip or an expected failure (else null),
+        and ``capability`` for a capability skip."""
+        kind = skip_kind(self.reason) if self.outcome in ("skipped", "xfailed") else None
+        entry: dict[str, Any] = {
             "id": self.id,
             "area": self.area,
             "outcome": self.outcome,
             "duration": round(self.duration, 4),
             "reason": self.reason,
+            "skip_kind": kind,
         }
+        if kind == "capability":
+            entry["capability"] = skipped_capability(self.reason)
+        return entry
 
 
 def _reason_of(report: Any) -> str:
@@ -167,8 +222,9 @@ def build_results(
     return doc
 
 
-def _area_rows(tests: list[Mapping[str, Any]]) -> list[tuple[str, dict[str, int]]]:
-    areas = [a for a in AREAS] + sorted({t["area"] for t in tests} - set(AREAS))
+def _area_rows(tests: list[Mapping[str, Any]],
+               per_area: Mapping[str, int] | None = None) -> list[tuple[str, dict[str, int]]]:
+    areas = [a for a in AREAS] + sorted(({t["area"] for t in tests} | set(per_area or {})) - set(AREAS))
     rows = []
     for area in areas:
         counts = {o: sum(1 for t in tests if t["area"] == area and t["outcome"] == o) for o in OUTCOMES}
@@ -185,11 +241,39 @@ def verdict(counts: Mapping[str, int]) -> str:
     return "SKIPPED" if counts.get("skipped", 0) else "-"
 
 
+def area_verdict(counts: Mapping[str, int], selected: int | None, incomplete: bool) -> str:
+    """One area's verdict: FAIL when a test of it failed; in a run that did not finish, ``INCOMPLETE n/N`` when
+    fewer of its tests have an outcome than were selected (``N``; None: not recorded, so never PASS); else
+    :func:`verdict` of its counts.
+
+    Args:
+        counts: the area's outcome counts (``OUTCOMES`` keys).
+        selected: how many of the area's tests the run selected (``selection.per_area``), None when unknown.
+        incomplete: whether the run did not finish.
+    """
+    base = verdict(counts)
+    if base == "FAIL" or not incomplete:
+        return base
+    ran = sum(counts.get(o, 0) for o in OUTCOMES)
+    if selected is None:
+        return f"INCOMPLETE {ran}/?"
+    return f"INCOMPLETE {ran}/{selected}" if ran < selected else base
+
+
+def strict_failure(doc: Mapping[str, Any]) -> bool:
+    """Whether the run was ``--strict`` and an expectation entry matched no test (the run fails)."""
+    expectations = doc.get("expectations") or {}
+    return bool(expectations.get("strict") and expectations.get("unmatched"))
+
+
 def overall_verdict(doc: Mapping[str, Any]) -> str:
-    """The run's verdict: INCOMPLETE for a run that did not finish, else :func:`verdict` of its counts,
-    a PASS with ``(partial)`` after it when the run was a selection of the suite."""
+    """The run's verdict: INCOMPLETE for a run that did not finish, FAIL for a ``--strict`` run with unmatched
+    expectation entries, else :func:`verdict` of its counts, a PASS with ``(partial)`` after it when the run was
+    a selection of the suite."""
     if doc.get("incomplete"):
         return "INCOMPLETE"
+    if strict_failure(doc):
+        return "FAIL"
     counts_verdict = verdict(doc["summary"])
     full = (doc.get("selection") or {}).get("full_suite", False)  # unrecorded: not taken for the full suite
     if counts_verdict == "PASS" and not full:
@@ -221,6 +305,25 @@ def _incomplete_text(incomplete: Mapping[str, Any]) -> str:
     )
 
 
+def run_text(doc: Mapping[str, Any]) -> str | None:
+    """The header line of a format-2 report: date, host, device and driver, hisparse-hal version and commit,
+    contract and suite hash prefix (None for an older report)."""
+    run = doc.get("run")
+    if not isinstance(run, Mapping):
+        return None
+    device = run.get("device") or {}
+    name = device.get("name") or "?"
+    driver = f", driver {device['driver']}" if device.get("driver") else ""
+    contract = (doc.get("contract") or {}).get("id", "?")
+    suite = doc.get("suite") or {}
+    digest = str(suite.get("sha256") or "?")[:12]
+    commit = run.get("commit") or "not a checkout"
+    return (f"Run {run.get('started') or '?'} on {run.get('host') or '?'}: {device.get('type') or '?'} "
+            f"device {name}{driver}; hisparse-hal {run.get('hisparse_hal_version') or '?'} (commit {commit}); "
+            f"contract {contract}; suite {suite.get('version') or doc.get('suite_version')} sha256 {digest}; "
+            f"mode {doc.get('mode') or '?'}.")
+
+
 def render_summary(doc: Mapping[str, Any]) -> str:
     """``summary.md``: one table by area a person reads at a glance, then failures, xfails and skips."""
     tests = list(doc["tests"])
@@ -230,8 +333,13 @@ def render_summary(doc: Mapping[str, Any]) -> str:
         f"# Conformance: {doc['backend']} — {overall}",
         "",
     ]
+    header = run_text(doc)
+    if header:
+        lines += [header, ""]
     if doc.get("incomplete"):
         lines += [_incomplete_text(doc["incomplete"]), ""]
+    if strict_failure(doc):
+        lines += ["**FAIL (--strict)**: expectation entries matched no test (listed below).", ""]
     lines += [
         f"Suite {doc['suite_version']}; torch {facts.get('torch', '?')}; "
         f"device {facts.get('device', '?')}; architectures {', '.join(facts.get('architectures', [])) or 'n/a'}.",
@@ -241,18 +349,25 @@ def render_summary(doc: Mapping[str, Any]) -> str:
         "| Area | Verdict | Passed | Failed | Skipped | XFailed | XPassed |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for area, counts in _area_rows(tests):
-        if not any(counts.values()):
+    per_area = (doc.get("selection") or {}).get("per_area")
+    for area, counts in _area_rows(tests, per_area):
+        selected = per_area.get(area, 0) if isinstance(per_area, Mapping) else None
+        if not any(counts.values()) and not selected:
             continue
         lines.append(
-            f"| {AREA_TITLES.get(area, area)} | {verdict(counts)} | {counts['passed']} | {counts['failed']} | "
-            f"{counts['skipped']} | {counts['xfailed']} | {counts['xpassed']} |"
+            f"| {AREA_TITLES.get(area, area)} | {area_verdict(counts, selected, bool(doc.get('incomplete')))} | "
+            f"{counts['passed']} | {counts['failed']} | {counts['skipped']} | {counts['xfailed']} | {counts['xpassed']} |"
         )
     s = doc["summary"]
     lines.append(
         f"| **Total** | **{overall}** | {s['passed']} | {s['failed']} | {s['skipped']} | {s['xfailed']} "
         f"| {s['xpassed']} |"
     )
+    claims = doc.get("claims") or []
+    if claims:
+        lines += ["", "## Capability claims that probes contradict (warning)", ""]
+        lines += [f"- `{c.get('capability')}`: the backend denies it, but a probe found it working: "
+                  f"{c.get('evidence')}" for c in claims]
     for title, outcomes in (("Failures", FAILING), ("Expected failures", ("xfailed",)), ("Skipped", ("skipped",))):
         chosen = [t for t in tests if t["outcome"] in outcomes]
         if not chosen:

@@ -222,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_arguments(conformance)
     conformance.set_defaults(func=_cmd_conformance)
 
+    verify = sub.add_parser("verify", help="check a conformance report folder: CONFORMANT or NOT CONFORMANT, "
+                            "with every reason (exit 0 or 1)")
+    from .conformance import verify as verify_command
+
+    verify_command.add_arguments(verify)
+    verify.set_defaults(func=verify_command.run)
+
     bench = sub.add_parser("bench", help="measure swaps and gathers against the plain alternatives")
     from .bench import command as bench_command
 
