@@ -22,9 +22,8 @@ import pytest
 
 from hisparse_hal.errors import HalError
 
-from . import SUITE_VERSION
+from . import SUITE_VERSION, run_record
 from .expectations import Expectations, backend_architectures, load_expectations
-from . import run_record
 from .junit import CAPABILITY_SKIP_PREFIX, PROBE_GATE_SKIP_PREFIX
 from .mustpass import suite_digest
 from .recipe import BackendRecipe
@@ -249,7 +248,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "needs(*capabilities): skip unless each named Capabilities flag is true (the reason names it)"
     )
     config.addinivalue_line(
-        "markers", "hal_extension: uses a member hisparse-hal adds to vLLM's contract (not in the vLLM contract's suite)"
+        "markers",
+        "hal_extension: uses a member hisparse-hal adds to vLLM's contract (not in the vLLM contract's suite)",
     )
     try:
         state = ConformanceState(config)

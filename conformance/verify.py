@@ -119,7 +119,8 @@ def _schema_reasons(doc: Mapping[str, Any]) -> list[str]:
                 reasons.append(f"schema: {dotted} is missing")
         elif not check(value):
             reasons.append(f"schema: {dotted} has a wrong value or type: {json.dumps(value, default=str)[:80]}")
-    for n, test in enumerate(doc.get("tests") if isinstance(doc.get("tests"), list) else []):
+    tests = doc.get("tests")
+    for n, test in enumerate(tests if isinstance(tests, list) else []):
         if not (isinstance(test, Mapping) and isinstance(test.get("id"), str) and test.get("outcome") in OUTCOMES
                 and isinstance(test.get("reason"), str) and "skip_kind" in test):
             reasons.append(f"schema: tests[{n}] lacks id, outcome, reason or skip_kind: {str(test)[:120]}")
@@ -211,7 +212,8 @@ def _run_reasons(doc: Mapping[str, Any]) -> list[str]:
         selection = doc["selection"]
         named = ", ".join(f"{k} {selection[k]!r}" for k in ("keyword", "markexpr", "pytest_args") if selection.get(k))
         reasons.append(f"mode: a subset of the suite ran ({named or 'a selection'}), not the full suite")
-    recomputed = overall_verdict(doc)
+    tests = doc["tests"]
+    recomputed = overall_verdict({**doc, "summary": {o: sum(1 for t in tests if t["outcome"] == o) for o in OUTCOMES}})
     if doc["verdict"] != "PASS" or recomputed != "PASS":
         reasons.append(f"verdict: {doc['verdict']}" + (f" (its tests say {recomputed})"
                                                        if recomputed != doc["verdict"] else "") + ", not PASS")

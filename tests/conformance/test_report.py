@@ -3,6 +3,7 @@ table), a selection of the suite reads partial, and neither passes for a full PA
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import xml.etree.ElementTree as ET
@@ -13,11 +14,14 @@ from typing import Any
 from hisparse_hal.conformance.junit import render_junit
 from hisparse_hal.conformance.report import (
     ResultCollector,
+    TestResult,
     area_of,
+    area_verdict,
     build_results,
     mark_incomplete,
     overall_verdict,
     render_summary,
+    skip_kind,
     suite_test_id,
     write_report,
 )
@@ -174,3 +178,103 @@ def test_collector_gives_every_test_one_outcome():
     assert "| Swaps | FAIL | 1 | 1 | 0 | 0 | 0 |" in text and "| IPC events | FAIL | 0 | 0 | 1 | 1 | 1 |" in text
     assert "| **Total** | **FAIL** | 1 | 3 | 1 | 1 | 1 |" in text
     assert "## Failures" in text and "3 bytes differ" in text
+
+
+# ------------------------------------------------------------------------------------------ format 2 (issue 31)
+def test_an_area_cut_short_reads_incomplete_never_pass():
+    counts = {"passed": 2, "failed": 0, "skipped": 0, "xfailed": 0, "xpassed": 0}
+    assert area_verdict(counts, 51, incomplete=True) == "INCOMPLETE 2/51"
+    assert area_verdict(counts, 2, incomplete=True) == "PASS"  # the area finished before the run stopped
+    assert area_verdict(counts, None, incomplete=True) == "INCOMPLETE 2/?"
+    assert area_verdict(counts, 51, incomplete=False) == "PASS"
+    assert area_verdict({**counts, "failed": 1}, 51, incomplete=True) == "FAIL"
+    assert area_verdict(dict.fromkeys(counts, 0), 6, incomplete=True) == "INCOMPLETE 0/6"
+
+
+def test_summary_of_an_interrupted_run_shows_each_cut_area_and_the_unreached_ones():
+    doc = _doc(incomplete={"reason": "interrupted (SIGINT)"})
+    doc["selection"]["per_area"] = {"swaps": 3, "ipc": 6}
+    summary = render_summary(doc)
+    assert "| Swaps | INCOMPLETE 1/3 | 1 | 0 | 0 | 0 | 0 |" in summary
+    assert "| IPC events | INCOMPLETE 0/6 | 0 | 0 | 0 | 0 | 0 |" in summary
+    assert "| Swaps | PASS" not in summary
+
+
+def _strict_doc() -> dict:
+    return _doc(full_suite=False, expectations={"file": "x.toml", "strict": True,
+                                                "unmatched": ["test_gone.py (skip): stale"]})
+
+
+def test_a_strict_run_with_unmatched_entries_is_fail_in_summary_verdict_and_junit():
+    doc = _strict_doc()
+    assert overall_verdict(doc) == "FAIL"
+    summary = render_summary(doc)
+    assert summary.startswith("# Conformance: cpu — FAIL\n") and "**FAIL (--strict)**" in summary
+    assert "| **Total** | **FAIL** |" in summary and "--hal-strict" not in summary
+    suite = ET.fromstring(render_junit(doc)).find("testsuite")
+    assert suite is not None and suite.attrib["failures"] == "1" and suite.attrib["tests"] == "2"
+    props = {p.attrib["name"]: p.attrib["value"] for p in suite.iter("property")}
+    assert props["verdict"] == "FAIL"
+    failure = suite.find("testcase/failure[@type='strict']")
+    assert failure is not None and "test_gone.py (skip): stale" in failure.attrib["message"]
+    doc["expectations"]["strict"] = False
+    assert overall_verdict(doc) == "PASS (partial)", "unmatched entries without --strict only warn"
+
+
+def test_the_summary_header_names_date_host_device_driver_version_commit_contract_and_suite():
+    doc = _doc(format=2, mode="full", contract={"id": "vllm-0.34.0", "title": "vllm 0.34.0 HiSparseBackend"},
+               suite={"version": "1.0", "sha256": "abcdef0123456789" * 4, "files": []},
+               run={"started": "2026-12-05T02:00:00+00:00", "finished": None, "host": "rig7",
+                    "hisparse_hal_version": "0.1.0", "commit": "1234abc (dirty)",
+                    "device": {"type": "cuda", "name": "NVIDIA H200", "driver": "570.86.15"},
+                    "python": "3.11.7", "torch": "2.13.0"})
+    line = render_summary(doc).splitlines()[2]
+    assert line == ("Run 2026-12-05T02:00:00+00:00 on rig7: cuda device NVIDIA H200, driver 570.86.15; hisparse-hal "
+                    "0.1.0 (commit 1234abc (dirty)); contract vllm-0.34.0; suite 1.0 sha256 abcdef012345; mode full.")
+    props = {p.attrib["name"]: p.attrib["value"]
+             for p in ET.fromstring(render_junit(doc)).iter("property")}
+    assert props["contract"] == "vllm-0.34.0" and props["device_name"] == "NVIDIA H200"
+    assert props["suite_sha256"].startswith("abcdef") and props["host"] == "rig7" and props["mode"] == "full"
+
+
+def test_tests_entries_carry_their_skip_kind_and_capability():
+    cases = {
+        "backend capability ipc_events is False on 'x'; this test needs it": ("capability", "ipc_events"),
+        "capability ipc_event_max_cycles=32 declares fewer than 1000 record/wait cycles":
+            ("capability", "ipc_event_max_cycles"),
+        "capability kv_formats lacks fp8_ds_mla": ("capability", "kv_formats"),
+        "probe tier failed (test_probe.py::x); the rest ...": ("probe-gate", None),
+        "known bug (expectations vendors/x/expectations.toml)": ("expectation", None),
+        "the backend's device is host memory, so a device tensor is a host tensor": ("not-applicable", None),
+        "Skipped for no reason given": ("skipped", None),
+    }
+    for reason, (kind, capability) in cases.items():
+        entry = TestResult("test_ipc.py::t", "ipc", "skipped", 0.0, reason).as_dict()
+        assert entry["skip_kind"] == kind and entry.get("capability") == capability, (reason, entry)
+    assert TestResult("t.py::t", "ipc", "xfailed", 0.0, "bug (expectations f.toml)").as_dict()["skip_kind"] == \
+        "expectation"
+    assert TestResult("t.py::t", "ipc", "passed").as_dict()["skip_kind"] is None
+
+
+def _skip_reasons_in_the_suite() -> list[tuple[str, str]]:
+    """(where, the reason's constant beginning) of every ``pytest.skip(...)`` in the suite's test modules."""
+    found = []
+    for path in sorted((REPO / "conformance" / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "skip"
+                    and node.args):
+                arg = node.args[0]
+                text = arg.value if isinstance(arg, ast.Constant) else "".join(
+                    str(v.value) for v in getattr(arg, "values", [])[:1] if isinstance(v, ast.Constant))
+                found.append((f"{path.name}:{node.lineno}", str(text)))
+    return found
+
+
+def test_every_skip_the_suite_makes_is_a_capability_or_not_applicable():
+    reasons = _skip_reasons_in_the_suite()
+    assert len(reasons) >= 5
+    for where, text in reasons:
+        assert skip_kind(text) in ("capability", "not-applicable"), (
+            f"{where}: the skip {text!r} reads as neither a named capability ('capability NAME ...') nor one of "
+            "report.NOT_APPLICABLE_REASONS, so verify cannot allow it"
+        )
