@@ -278,3 +278,10 @@ def test_every_skip_the_suite_makes_is_a_capability_or_not_applicable():
             f"{where}: the skip {text!r} reads as neither a named capability ('capability NAME ...') nor one of "
             "report.NOT_APPLICABLE_REASONS, so verify cannot allow it"
         )
+
+
+def test_marking_a_format_2_report_incomplete_keeps_its_verdict_in_step(tmp_path):
+    write_report(tmp_path, _doc(format=2, verdict="PASS"))
+    assert json.loads((tmp_path / "results.json").read_text())["verdict"] == "PASS"
+    mark_incomplete(tmp_path, "the test process died (exit status -11) and the run was not resumed")
+    assert json.loads((tmp_path / "results.json").read_text())["verdict"] == "INCOMPLETE"
