@@ -42,13 +42,12 @@ __all__ = [
 ]
 
 #: Areas in tier order; a test's area is its module name without ``test_`` (``test_swaps.py`` -> swaps).
-AREAS = ("probe", "claims", "swaps", "gathers", "pinning", "config", "stats", "capture", "ipc", "cache_ops",
-         "scenario")
+AREAS = ("probe", "swaps", "gathers", "pinning", "config", "stats", "capture", "ipc", "cache_ops", "scenario",
+         "claims")
 AREA_TITLES = {
-    "probe": "Probe", "claims": "Capability claims", "swaps": "Swaps", "gathers": "Gathers", "pinning": "Pinning",
-    "config": "KV config and views",
+    "probe": "Probe", "swaps": "Swaps", "gathers": "Gathers", "pinning": "Pinning", "config": "KV config and views",
     "stats": "Stats", "capture": "Graph capture", "ipc": "IPC events", "cache_ops": "Cache ops",
-    "scenario": "TP scenario (integration)",
+    "scenario": "TP scenario (integration)", "claims": "Capability claims",
 }
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
 FAILING = ("failed", "xpassed")

@@ -20,7 +20,7 @@ from tests.core.test_import_graph import import_graph
 
 PACKAGE_FOLDERS = {"hisparse_hal": "hisparse_hal", "vendors": "hisparse_hal.vendors",
                    "conformance": "hisparse_hal.conformance"}
-PACKAGE_DATA = (".py", ".toml", "py.typed")
+PACKAGE_DATA = (".py", ".toml", "py.typed", "mustpass/hisparse-hal-1.txt", "mustpass/vllm-0.34.0.txt")
 
 
 def _git_files() -> list[str]:
