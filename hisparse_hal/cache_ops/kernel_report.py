@@ -394,6 +394,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump", default=None, metavar="DIR", help="write PTX/SASS and AMDGCN per kernel and target")
     parser.add_argument("--production-only", action="store_true",
                         help="only the production shapes (skip the lane-boundary top-k values)")
+    parser.add_argument("--page", default=None, metavar="FILE",
+                        help="rewrite the generated part of FILE (docs/kernels.md) from this run's --json document")
+    parser.add_argument("--from-json", default=None, metavar="FILE",
+                        help="with --page: render a --json document written earlier instead of compiling")
     parser.add_argument("--against-device", action="store_true",
                         help="on a GPU machine: compile through triton's runtime for this device and compare with "
                              "the offline compile for its target (shared memory, registers, spills)")

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 
-from . import kernel_device_check, kernel_report
+from . import kernel_device_check, kernel_page, kernel_report
 from .kernel_report import KernelFacts
 from .kernel_specs import all_cases, production_cases
 
@@ -48,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
     """``hisparse-hal kernels``: exit 0 when every case compiled for every target, else 1 (2: bad targets)."""
     from hisparse_hal.output_checks import require_module, writable_directory, writable_file
 
+    page = _checked_page(args)
+    if args.from_json and page is not None:  # _checked_page refused --from-json without --page
+        return _render_page(kernel_page.load_payload(args.from_json), page)
     require_module("triton", "triton", "compiling the kernels")
     if args.json:
         writable_file(args.json, "--json")
@@ -81,11 +86,68 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         import triton
 
-        payload = {"triton": triton.__version__, "targets": targets, "summary": totals,
-                   "results": [f.as_dict() for f in results]}
-        Path(args.json).write_text(json.dumps(payload, indent=2))
+        today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        payload = {"triton": triton.__version__, "date": today, "command": _command_line(args), "targets": targets,
+                   "summary": totals, "results": [f.as_dict() for f in results]}
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
+        if page is not None:
+            _render_page(payload, page)
     return 0 if all(f.compiled for f in results) else 1
+
+
+def _checked_page(args: argparse.Namespace) -> Path | None:
+    """``--page`` checked before any compiling: it needs ``--json`` or ``--from-json`` and a writable page that
+    holds the generated-part markers; ``--from-json`` needs ``--page`` and no compile option.
+
+    Raises:
+        InvalidArgumentError: a bad combination or page (the option named).
+    """
+    if args.from_json:
+        others = [name for name, given in (("--json", args.json), ("--dump", args.dump),
+                                           ("--against-device", args.against_device),
+                                           ("--production-only", args.production_only),
+                                           ("--targets", args.targets != ",".join(kernel_report.TARGETS)))
+                  if given]
+        if others or not args.page:
+            raise InvalidArgumentError(
+                f"--from-json renders an earlier document into --page without compiling: it takes --page and "
+                f"nothing else ({', '.join(others) if others else 'no --page'} given)")
+    if args.page is None:
+        return None
+    if not (args.json or args.from_json) or args.against_device:
+        raise InvalidArgumentError("--page is rendered from the --json document of an offline compile: give --json "
+                                   "FILE (not --against-device), or --from-json FILE")
+    from hisparse_hal.output_checks import writable_file
+
+    page = writable_file(args.page, "--page")
+    try:
+        text = page.read_text()
+    except OSError as exc:
+        raise InvalidArgumentError(f"--page {args.page!r} cannot be read: {exc}") from exc
+    kernel_page.generated_part(text, f"--page {args.page!r}")
+    return page
+
+
+def _render_page(payload: dict[str, Any], page: Path) -> int:
+    """Rewrite ``page``'s generated part from ``payload``; exit status 0."""
+    text = page.read_text()
+    page.write_text(kernel_page.replace_generated(text, kernel_page.render(payload), f"--page {str(page)!r}"))
+    print(f"wrote the generated part of {page}")
+    return 0
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The ``hisparse-hal kernels`` command that wrote a --json document, as the page quotes it."""
+    words = ["hisparse-hal", "kernels"]
+    if args.targets != ",".join(kernel_report.TARGETS):
+        words += ["--targets", args.targets]
+    if args.production_only:
+        words.append("--production-only")
+    words += ["--json", args.json]
+    if args.page:
+        words += ["--page", args.page]
+    return " ".join(words)
 
 
 def _run_against_device(args: argparse.Namespace) -> int:
