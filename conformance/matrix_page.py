@@ -54,7 +54,8 @@ def load_report(spec: str) -> ReportInput:
 
     Raises:
         InvalidArgumentError: the file is missing, is not JSON, or is not a conformance results document (the
-            message names the path and the missing keys), or a ``bench.json`` beside it cannot be read.
+            message names the path and the missing keys or the malformed test entry), or a ``bench.json`` beside
+            it cannot be read.
     """
     given, sep, path_text = spec.partition("=")
     label: str | None = given
@@ -67,6 +68,10 @@ def load_report(spec: str) -> ReportInput:
     if not isinstance(doc, dict) or _REQUIRED - set(doc):
         missing = sorted(_REQUIRED - set(doc)) if isinstance(doc, dict) else sorted(_REQUIRED)
         raise InvalidArgumentError(f"{path} is not a conformance results.json (missing {missing})")
+    tests = doc["tests"] if isinstance(doc["tests"], list) else [doc["tests"]]
+    malformed = [t for t in tests if not isinstance(t, dict) or {"id", "area", "outcome"} - set(t)]
+    if malformed:
+        raise InvalidArgumentError(f"{path}: every tests[] entry needs id, area and outcome; got {malformed[:1]}")
     bench_path = path.with_name("bench.json")
     bench = _read_json(bench_path, "benchmark figures") if bench_path.exists() else None
     if bench is not None and not isinstance(bench, dict):
@@ -215,7 +220,7 @@ def merge(reports: Sequence[ReportInput]) -> dict[str, Any]:
     area_names = [*AREAS, *extra]
     rows = [_row(r, area_names) for r in reports]
     labels = [row["label"] for row in rows]
-    for row, report in zip(rows, reports):
+    for row, report in zip(rows, reports, strict=True):
         if report.label is None and labels.count(row["label"]) > 1:
             row["label"] += f" [{row['source']}]"
     return {"areas": area_names, "suite_versions": sorted({r["suite_version"] for r in rows}), "rows": rows}
@@ -378,9 +383,10 @@ def _run_details(row: Mapping[str, Any]) -> str:
 
 
 def _failure_lists(index: int, row: Mapping[str, Any], areas: Sequence[str]) -> str:
+    """The row's failures, in one block per area whose id the area's cell links to."""
     if not (row["failures"] or row["strict_unmatched"]):
         return ""
-    parts = [f'<h3 id="{_anchor(index, "failures")}">Failures</h3>']
+    parts = [f'<div class="failures" id="{_anchor(index, "failures")}"><h3>Failures</h3>']
     if row["strict_unmatched"]:
         parts.append('<ul class="failures strict">' + "".join(
             f"<li>expectation entry matches no test (<code>--strict</code>): <code>{escape(str(e))}</code></li>"
@@ -388,11 +394,11 @@ def _failure_lists(index: int, row: Mapping[str, Any], areas: Sequence[str]) -> 
     for area in areas:
         chosen = [f for f in row["failures"] if f["area"] == area]
         if chosen:
-            parts.append(f'<h4 id="{_anchor(index, "fail-" + area)}">{escape(AREA_TITLES.get(area, area))}</h4>'
-                         '<ul class="failures">' + "".join(
-                             f'<li><code class="test-id">{escape(f["id"])}</code> ({escape(f["outcome"])}): '
-                             f'{escape(" ".join(str(f["reason"]).split())[:600])}</li>' for f in chosen) + "</ul>")
-    return "".join(parts)
+            items = "".join(f'<li><code class="test-id">{escape(f["id"])}</code> ({escape(f["outcome"])}): '
+                            f'{escape(" ".join(str(f["reason"]).split())[:600])}</li>' for f in chosen)
+            parts.append(f'<div class="area-failures" id="{_anchor(index, "fail-" + area)}">'
+                         f'<h4>{escape(AREA_TITLES.get(area, area))}</h4><ul class="failures">{items}</ul></div>')
+    return "".join(parts) + "</div>"
 
 
 def _claims(index: int, row: Mapping[str, Any]) -> str:
@@ -400,7 +406,8 @@ def _claims(index: int, row: Mapping[str, Any]) -> str:
         return ""
     items = "".join(f"<li><code>{escape(str(c.get('capability')))}</code>: denied by the backend, found working"
                     f" ({escape(str(c.get('evidence', '')))})</li>" for c in row["claims"])
-    return f'<h3 id="{_anchor(index, "claims")}">Capabilities denied but found working</h3><ul>{items}</ul>'
+    return (f'<div class="claims" id="{_anchor(index, "claims")}"><h3>Capabilities denied but found working</h3>'
+            f"<ul>{items}</ul></div>")
 
 
 def _bench(index: int, row: Mapping[str, Any]) -> str:
@@ -420,7 +427,7 @@ def render_html(merged: Mapping[str, Any]) -> str:
         ("INCOMPLETE", "v-incomplete"), ("SKIPPED", "v-skipped"), ("n/a", "v-na")))
     sections = []
     for i, row in enumerate(rows, 1):
-        sections.append(f'<section class="report"><h2 id="{_anchor(i, "details")}">{escape(row["label"])}</h2>'
+        sections.append(f'<section class="report" id="{_anchor(i, "details")}"><h2>{escape(row["label"])}</h2>'
                         f"{_run_details(row)}{_failure_lists(i, row, merged['areas'])}{_claims(i, row)}"
                         f"{_bench(i, row)}</section>")
     return (

@@ -58,10 +58,10 @@ def bar_chart_svg(title: str, unit: str, series: Sequence[str],
                      f'<text x="{x + 14}" y="35" font-size="11">{escape(name)}</text>')
         x += 24 + 7 * len(name)
     for k in range(5):  # y axis ticks
-        value = top * k / 4
+        tick = top * k / 4
         y = _TOP + plot_h - plot_h * k / 4
         parts.append(f'<line x1="{_LEFT}" x2="{_LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e2e2e2"/>'
-                     f'<text x="{_LEFT - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{_short(value)}</text>')
+                     f'<text x="{_LEFT - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{_short(tick)}</text>')
     parts.append(f'<text x="12" y="{_TOP + plot_h / 2:.1f}" font-size="11" text-anchor="middle" '
                  f'transform="rotate(-90 12 {_TOP + plot_h / 2:.1f})">{escape(unit)}</text>')
     group_w = plot_w / max(len(groups), 1)
@@ -103,18 +103,19 @@ def _swap_chart(bench: Mapping[str, Any]) -> str | None:
     rows = _entries(bench, "swaps")
     if not rows:
         return None
-    return bar_chart_svg("swap_blocks_batch, device to host, by block size", "GB/s", ("ours", "per-copy loop", "one copy"),
-                         [(_bytes(r.get("block_bytes")), [_number(r.get(k)) for k in
-                                                          ("ours_gbps", "loop_gbps", "one_copy_gbps")]) for r in rows])
+    keys = ("ours_gbps", "loop_gbps", "one_copy_gbps")
+    return bar_chart_svg("swap_blocks_batch, device to host, by block size", "GB/s",
+                         ("ours", "per-copy loop", "one copy"),
+                         [(_bytes(r.get("block_bytes")), [_number(r.get(k)) for k in keys]) for r in rows])
 
 
 def _gather_chart(bench: Mapping[str, Any]) -> str | None:
     rows = _entries(bench, "gathers")
     if not rows:
         return None
+    keys = ("ours_gbps", "reference_gbps", "one_copy_gbps")
     return bar_chart_svg("gather_resident_rows, 656-byte rows, by row count", "GB/s", ("ours", "reference", "one copy"),
-                         [(f"{r.get('rows')} rows", [_number(r.get(k)) for k in
-                                                     ("ours_gbps", "reference_gbps", "one_copy_gbps")]) for r in rows])
+                         [(f"{r.get('rows')} rows", [_number(r.get(k)) for k in keys]) for r in rows])
 
 
 def _cache_ops_chart(bench: Mapping[str, Any]) -> str | None:
@@ -124,7 +125,7 @@ def _cache_ops_chart(bench: Mapping[str, Any]) -> str | None:
     implementations = list(dict.fromkeys(str(r.get("implementation")) for r in rows))
     cases: dict[str, dict[str, float | None]] = {}
     for r in rows:
-        case = r.get("case") if isinstance(r.get("case"), Mapping) else {}
+        case: Mapping[str, Any] = r["case"] if isinstance(r.get("case"), Mapping) else {}
         label = f"{case.get('requests', '?')} req x {case.get('queries', '?')} q"
         step = _number(r.get("step_s"))
         cases.setdefault(label, {})[str(r.get("implementation"))] = None if step is None else step * 1e3
