@@ -18,7 +18,7 @@ from typing import Any
 from hisparse_hal.errors import InvalidArgumentError
 
 from .matrix_plots import bench_charts
-from .report import AREA_TITLES, AREAS, OUTCOMES, overall_verdict, selection_text, verdict
+from .report import AREA_TITLES, AREAS, OUTCOMES, area_verdict, overall_verdict, selection_text, verdict
 
 __all__ = ["ReportInput", "NOT_RECORDED", "load_report", "merge", "render_markdown", "render_html", "write_outputs"]
 
@@ -80,17 +80,6 @@ def load_report(spec: str) -> ReportInput:
 
 
 # ------------------------------------------------------------------------------------------ rows
-def _area_verdict(counts: Mapping[str, int], selected: int | None, incomplete: bool) -> str:
-    """Stand-in for ``report.area_verdict`` (same signature and meaning; replace at merge): an area of an
-    unfinished run with fewer outcomes than tests selected reads ``INCOMPLETE n/N`` (``N`` is ``?`` when the
-    report does not record the area's selection, as reports before ``selection.per_area`` do), else
-    :func:`report.verdict` of its counts."""
-    ran = sum(counts.values())
-    if incomplete and ((selected is None and ran > 0) or (selected is not None and ran < selected)):
-        return f"INCOMPLETE {ran}/{'?' if selected is None else selected}"
-    return verdict(counts)
-
-
 def _device_label(facts: Mapping[str, Any]) -> str:
     probe = facts.get("probe", {}) or {}
     for key in ("device_names", "devices", "device_name", "gpu_names"):
@@ -163,14 +152,14 @@ def _run_fields(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _areas_of(doc: Mapping[str, Any], area_names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    per_area = (doc.get("selection") or {}).get("per_area") or {}
+    per_area = (doc.get("selection") or {}).get("per_area")  # None: not recorded (a report before it was)
     incomplete = bool(doc.get("incomplete"))
     areas: dict[str, dict[str, Any]] = {}
     for area in area_names:
         counts = {o: sum(1 for t in doc["tests"] if t["area"] == area and t["outcome"] == o) for o in OUTCOMES}
-        selected = per_area.get(area)
-        area_verdict = _area_verdict(counts, None if selected is None else int(selected), incomplete)
-        areas[area] = {"verdict": "n/a" if area_verdict == "-" else area_verdict, "selected": selected, **counts}
+        selected = None if per_area is None else per_area.get(area, 0)
+        verdict_of_area = area_verdict(counts, None if selected is None else int(selected), incomplete)
+        areas[area] = {"verdict": "n/a" if verdict_of_area == "-" else verdict_of_area, "selected": selected, **counts}
     return areas
 
 

@@ -255,7 +255,7 @@ def area_verdict(counts: Mapping[str, int], selected: int | None, incomplete: bo
         return base
     ran = sum(counts.get(o, 0) for o in OUTCOMES)
     if selected is None:
-        return f"INCOMPLETE {ran}/?"
+        return f"INCOMPLETE {ran}/?" if ran else base  # nothing recorded and nothing ran: nothing to say
     return f"INCOMPLETE {ran}/{selected}" if ran < selected else base
 
 

@@ -198,18 +198,6 @@ def test_the_page_is_self_contained_and_escapes_what_reports_hold(tmp_path):
     assert not re.search(r"""(src=|<link|@import|url\(|href=["']?(https?:|//))""", page), "nothing is fetched"
 
 
-def test_area_verdict_reads_incomplete_only_for_an_area_cut_short():
-    counts = {"passed": 2, "failed": 0, "skipped": 0, "xfailed": 0, "xpassed": 0}
-    area_verdict = matrix_page._area_verdict
-    assert area_verdict(counts, 51, True) == "INCOMPLETE 2/51"
-    assert area_verdict(counts, 2, True) == "PASS", "an area that finished before the interrupt"
-    assert area_verdict(counts, None, True) == "INCOMPLETE 2/?"
-    assert area_verdict(counts, None, False) == "PASS"
-    assert area_verdict({**counts, "failed": 1}, 51, True) == "INCOMPLETE 3/51"
-    assert area_verdict({**counts, "failed": 1}, 3, False) == "FAIL"
-    assert area_verdict(dict.fromkeys(counts, 0), None, True) == "-"
-
-
 def test_bench_charts_draw_one_bar_per_figure_with_its_value():
     charts = matrix_plots.bench_charts(reports.real_bench())
     svgs = [c for c in charts if c.startswith("<svg")]

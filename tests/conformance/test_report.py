@@ -189,6 +189,7 @@ def test_an_area_cut_short_reads_incomplete_never_pass():
     assert area_verdict(counts, 51, incomplete=False) == "PASS"
     assert area_verdict({**counts, "failed": 1}, 51, incomplete=True) == "FAIL"
     assert area_verdict(dict.fromkeys(counts, 0), 6, incomplete=True) == "INCOMPLETE 0/6"
+    assert area_verdict(dict.fromkeys(counts, 0), None, incomplete=True) == "-", "nothing recorded, nothing ran"
 
 
 def test_summary_of_an_interrupted_run_shows_each_cut_area_and_the_unreached_ones():
