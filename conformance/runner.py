@@ -43,8 +43,6 @@ MAX_CRASHES = 20
 #: The command's exit status (0 ok, 1 tests failed, 2 usage or environment, 130 interrupted) for pytest's.
 EXIT_OF_PYTEST = {0: 0, 1: 1, 2: 130, 3: 2, 4: 2, 5: 2}
 INTERRUPTED = 130
-#: How the runner names a shared-memory file it removed: the sweep knows only that its owner exited.
-SWEPT = "left in shared memory by an exited process"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -170,7 +168,7 @@ def _resolve_and_run(args: argparse.Namespace) -> int:
 
 def _run_in(scratch: str, args: argparse.Namespace, resolved: ResolvedRun, argv: list[str]) -> int:
     """Check the selection, then run the suite with ``scratch`` as the children's temp folder; see :func:`run`."""
-    from hisparse_hal.shm_sweep import sweep_shared_files
+    from hisparse_hal.shm_sweep import SWEPT, sweep_shared_files
 
     run_file = resolved.write(Path(scratch) / "run.json")
     if needs_selection_check(args, factory_is_class=resolved.recipe.factory is None or _factory_is_class(resolved)):

@@ -30,7 +30,7 @@ EPILOG = ("exit status: 0 success; 1 tests or checks failed; 2 usage or environm
 #: What an interrupt of each subcommand leaves behind, for its one line.
 _AFTER_INTERRUPT = {
     "info": "nothing was written",
-    "bench": "the figures measured so far are lost; no --json or --plot file was written",
+    "bench": "no --json or --plot file was written",
     "kernels": "no --json or --dump output was written",
     "scenario": "the ranks were stopped and the shared pool removed; no --json file was written",
     "vllm-check": "nothing was written",
@@ -119,7 +119,7 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
 
     from .scenario import FaultPlan, ScenarioConfig, run_scenario
     from .scenario.arguments import validate
-    from .shm_sweep import sweep_shared_files
+    from .shm_sweep import SWEPT, sweep_shared_files
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -130,7 +130,7 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
     validate(config, args.json)
     select_backend(args.backend)  # an unknown or unavailable name fails here, with the probe table (exit 2)
     for path in sweep_shared_files():
-        print(f"hisparse-hal scenario: removed {path}, left in shared memory by a run that was killed", file=sys.stderr)
+        print(f"hisparse-hal scenario: removed {path}, {SWEPT}", file=sys.stderr)
     bar = None
     if sys.stdout.isatty():
         from tqdm import tqdm
@@ -303,8 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as exc:
         how = str(exc) or "SIGINT"
-        print(f"\n{prefix}: interrupted ({how}); {_AFTER_INTERRUPT.get(command, 'nothing was written')}",
-              file=sys.stderr)
+        after = getattr(exc, "kept", None) or _AFTER_INTERRUPT.get(command, "nothing was written")
+        print(f"\n{prefix}: interrupted ({how}); {after}", file=sys.stderr)
         return 130
     except BackendUnavailableError as exc:
         if debug:

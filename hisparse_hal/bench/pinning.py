@@ -38,8 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``bench --pinning``."""
     parser.add_argument("--pinning", action="store_true",
                         help="instead: time pin_tensor and unpin_tensor of one host pool at several chunk sizes")
-    parser.add_argument("--pin-mib", type=int, default=1024, help="pool size for --pinning, in MiB (default 1024)")
-    parser.add_argument("--pin-chunks", default=",".join(str(c) for c in DEFAULT_CHUNKS),
+    from .arguments import Given
+
+    parser.add_argument("--pin-mib", type=int, default=1024, action=Given,
+                        help="pool size for --pinning, in MiB (default 1024)")
+    parser.add_argument("--pin-chunks", default=",".join(str(c) for c in DEFAULT_CHUNKS), action=Given,
                         help="comma-separated chunk caps in bytes for --pinning (default 4096,65536,2097152)")
 
 
