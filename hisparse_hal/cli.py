@@ -18,6 +18,7 @@ from types import FrameType
 
 from .errors import BackendUnavailableError, HalError, InvalidArgumentError
 from .registry import BACKEND_ENV, format_probe_table, probe_backends, select_backend
+from .settings import name_setting
 
 __all__ = ["main", "build_parser", "EXIT_CODES"]
 
@@ -26,6 +27,8 @@ EXIT_CODES = {0: "success", 1: "tests or checks failed", 2: "usage or environmen
               130: "interrupted (SIGINT or SIGTERM)"}
 EPILOG = ("exit status: 0 success; 1 tests or checks failed; 2 usage or environment error (bad option, unwritable "
           "output, missing extra, bad HISPARSE_HAL_* value, no usable backend); 130 interrupted (SIGINT, SIGTERM). "
+          "info prints its table in every case and exits 2 when the backend named by --backend or "
+          "HISPARSE_HAL_BACKEND is unknown or unavailable, 1 when none was named and none can be chosen. "
           "--debug (or HISPARSE_HAL_DEBUG=1) shows the traceback of an error.")
 #: What an interrupt of each subcommand leaves behind, for its one line.
 _AFTER_INTERRUPT = {
@@ -39,7 +42,7 @@ _AFTER_INTERRUPT = {
 
 def _cmd_info(args: argparse.Namespace) -> int:
     results = probe_backends()
-    requested = args.backend if args.backend is not None else (os.environ.get(BACKEND_ENV) or None)
+    requested = args.backend if args.backend is not None else name_setting(BACKEND_ENV)
     if requested is not None and requested not in {r.name for r in results}:
         names = [r.name for r in results]
         where = "--backend" if args.backend is not None else BACKEND_ENV
@@ -59,7 +62,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
             "backends": [r.as_dict() for r in results],
         }
         print(json.dumps(payload, indent=2, sort_keys=False, default=str))
-        return 0 if chosen else 1
+        return _info_status(chosen, requested)
     print(format_probe_table(results, chosen))
     for r in results:
         if r.facts:
@@ -71,7 +74,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(f"cache ops: {cache_ops['implementation']} ({cache_ops['reason']})")
     if not chosen and requested:
         print(f"hint: install a build of torch for {requested!r}, or unset {BACKEND_ENV} / drop --backend")
-    return 0 if chosen else 1
+    return _info_status(chosen, requested)
+
+
+def _info_status(chosen: str | None, requested: str | None) -> int:
+    """``info``'s exit status: 0 a backend is chosen; 2 the named one is unusable (as every command); 1 none is."""
+    if chosen:
+        return 0
+    return 2 if requested else 1
 
 
 def _cache_ops_choice(chosen: str | None, results: Sequence[object]) -> dict[str, str] | None:

@@ -14,6 +14,7 @@ import threading
 
 from .backend import HiSparseBackend
 from .errors import BackendUnavailableError
+from .settings import name_setting
 
 # Discovery and probing live in .probing (which knows no backend class); their names stay public here.
 from .probing import (
@@ -83,7 +84,7 @@ def select_backend(name: str | None = None, results: list[ProbeResult] | None = 
             message includes the probe table.
     """
     results = probe_backends() if results is None else results
-    requested = name if name is not None else (os.environ.get(BACKEND_ENV) or None)
+    requested = name if name is not None else name_setting(BACKEND_ENV)
     table = format_probe_table(results)
     if requested is not None:
         source = "requested" if name is not None else f"{BACKEND_ENV}={requested!r}"
@@ -136,7 +137,7 @@ def get_backend(name: str | None = None) -> HiSparseBackend:
         BackendUnavailableError: as :func:`select_backend`.
     """
     with _cache_lock:
-        key = name if name is not None else (os.environ.get(BACKEND_ENV) or "")
+        key = name if name is not None else (name_setting(BACKEND_ENV) or "")
         if key in _cache:
             return _cache[key]
         selection = select_backend(name)
