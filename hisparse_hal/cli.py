@@ -127,16 +127,13 @@ def _fault(text: str) -> tuple[int, int]:
 def _cmd_scenario(args: argparse.Namespace) -> int:
     import logging
 
-    from .scenario import FaultPlan, ScenarioConfig, run_scenario
-    from .scenario.arguments import validate
+    from .scenario import run_scenario
+    from .scenario.arguments import config_from_options, validate
     from .shm_sweep import SWEPT, sweep_shared_files
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    config = ScenarioConfig(
-        ranks=args.ranks, steps=args.steps, backend=args.backend, sync=args.sync, timeout_s=args.timeout,
-        host_chunk_bytes=args.host_chunk_bytes, kill=FaultPlan(*args.kill) if args.kill else None,
-    )
+    config = config_from_options(args)
     validate(config, args.json)
     select_backend(args.backend)  # an unknown or unavailable name fails here, with the probe table (exit 2)
     for path in sweep_shared_files():
@@ -159,8 +156,10 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
         sweep_shared_files()  # the event files of ranks the driver had to SIGKILL
     print(f"backend: {result.backend}; "
           f"sync: {result.sync} ({result.sync_reason})")
-    print(f"{config.ranks} ranks x {config.steps} steps in {result.wall_s:.1f} s wall; "
-          f"{result.steps_per_s:.1f} steps/s (rank 0's step loop); {result.bytes_moved / 2**20:.1f} MiB moved")
+    rate = (f"{result.steps_per_s:.1f} steps/s (rank 0's step loop)" if result.steps_per_s
+            else "steps/s unknown (rank 0's step loop did not run)")
+    print(f"{config.ranks} ranks x {config.steps} steps in {result.wall_s:.1f} s wall; {rate}; "
+          f"{result.bytes_moved / 2**20:.1f} MiB moved")
     print(f"{'rank':>4} {'steps':>7} {'p50 ms':>8} {'p99 ms':>8} {'MiB':>8} {'mismatch':>8}  outcome")
     for rank in result.ranks:
         outcome = "ok" if rank.ok else (f"{rank.error_type}: {rank.error}" if rank.error_type else "FAILED")

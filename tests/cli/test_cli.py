@@ -228,3 +228,20 @@ def test_every_name_setting_is_read_case_insensitively(monkeypatch):
     assert "HISPARSE_HAL_BACKEND='cpu'" in selection.explanation
     assert implementation_for("cpu").implementation == "host"
     assert requested_backend({"HISPARSE_HAL_VLLM_BACKEND": "Cpu"}) == "cpu"
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--ranks", "1"], "--ranks must be an int >= 2, got 1"),
+    (["--steps", "0"], "--steps must be an int >= 1, got 0"),
+    (["--kill", "5:10"], "--kill 5:10 names a rank outside [0, 2) or a step outside [0, 1000)"),
+    (["--timeout", "0"], "--timeout must be a positive, finite number of seconds, got 0.0"),
+    (["--timeout", "nan"], "--timeout must be a positive, finite number of seconds, got nan"),
+    (["--timeout", "2e6"], "--timeout must be under 1e6 seconds, got 2000000.0"),
+    (["--host-chunk-bytes", "0"], "--host-chunk-bytes must be a positive int, got 0"),
+])
+def test_scenario_errors_name_the_option_not_the_field(args, line, capsys):
+    from hisparse_hal import cli
+
+    assert cli.main(["scenario", "--backend", "cpu", *args]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.splitlines() == ["hisparse-hal scenario: " + line]
