@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hisparse_hal.child_group import run_in_group
 from hisparse_hal.errors import BackendUnavailableError, InvalidArgumentError
@@ -27,9 +28,10 @@ from hisparse_hal.python_child import python_command, python_environment
 from .expectations import load_expectations
 from .junit import write_junit
 from .preflight import check_arguments, check_selection, needs_selection_check, scratch_directory, sweep_stale_scratch
-from .recipe import load_factory
 from .report import OUTCOMES, area_of, mark_incomplete, write_report
-from .resolved_run import ResolvedRun
+
+if TYPE_CHECKING:  # imported where used: they import torch, which the command's --help does not need
+    from .resolved_run import ResolvedRun
 
 __all__ = ["add_arguments", "run", "pytest_arguments", "complete_crashed_report"]
 
@@ -149,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _resolve_and_run(args: argparse.Namespace) -> int:
     """Resolve the run, check its expectations, then run it in a scratch folder; see :func:`run`."""
+    from .resolved_run import ResolvedRun
+
     try:
         resolved = ResolvedRun.resolve(args.backend, args.factory, args.expectations)  # probes, once per run
         argv = pytest_arguments(args, resolved)
@@ -229,6 +233,8 @@ def _write_junit(path: str, directory: Path, code: int) -> int:
 
 def _factory_is_class(resolved: ResolvedRun) -> bool:
     """Whether the run's factory is a class (its instances' type is known without calling it)."""
+    from .recipe import load_factory
+
     return isinstance(load_factory(str(resolved.recipe.factory)), type)
 
 

@@ -2,7 +2,8 @@
 
 Every subcommand exits with the same codes (:data:`EXIT_CODES`): an error of the package (``HalError``) or of
 the system (``OSError``) is one line on stderr and exit 2, with the traceback only under ``--debug`` or
-``HISPARSE_HAL_DEBUG=1``; SIGINT or SIGTERM is one line and exit 130.
+``HISPARSE_HAL_DEBUG=1``; SIGINT or SIGTERM is one line and exit 130. Parsing imports no torch: each subcommand's
+options are added only when it is the one asked for, and its modules are imported only then.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from collections.abc import Sequence
 from types import FrameType
 
 from .errors import BackendUnavailableError, HalError, InvalidArgumentError
-from .registry import BACKEND_ENV, format_probe_table, probe_backends, select_backend
 from .settings import name_setting
 
 __all__ = ["main", "build_parser", "EXIT_CODES"]
@@ -41,6 +41,8 @@ _AFTER_INTERRUPT = {
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    from .registry import BACKEND_ENV, format_probe_table, probe_backends, select_backend
+
     results = probe_backends()
     requested = args.backend if args.backend is not None else name_setting(BACKEND_ENV)
     if requested is not None and requested not in {r.name for r in results}:
@@ -135,6 +137,8 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     config = config_from_options(args)
     validate(config, args.json)
+    from .registry import select_backend
+
     select_backend(args.backend)  # an unknown or unavailable name fails here, with the probe table (exit 2)
     for path in sweep_shared_files():
         print(f"hisparse-hal scenario: removed {path}, {SWEPT}", file=sys.stderr)
@@ -209,8 +213,25 @@ def _vllm_check_json_error(argv: Sequence[str], exc: BaseException) -> None:
         print(json.dumps(vllm_plugin.error_report(exc), indent=2))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``hisparse-hal`` command."""
+#: Each subcommand's one-line help, also its description in ``hisparse-hal SUBCOMMAND --help``.
+SUBCOMMANDS = {
+    "info": "probe every backend and show which one is chosen, and why",
+    "conformance": "run the conformance suite against a backend and write its report",
+    "bench": "measure swaps and gathers (or, with a mode option, the cache ops, pinning or submission cost) "
+             "against the plain alternatives",
+    "kernels": "compile the Triton cache-ops kernels for GPU targets, offline, and report",
+    "scenario": "run the tensor-parallel shared-pool offload scenario across processes",
+    "vllm-check": "can vLLM 0.34.0's HiSparse run here: its backend, whose cache ops, what blocks it",
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of the ``hisparse-hal`` command.
+
+    Args:
+        only: add the options of this subcommand only (``""``: of none, for the top-level help), so that parsing
+            imports only that subcommand's modules; None adds every subcommand's options.
+    """
     parser = argparse.ArgumentParser(
         prog="hisparse-hal",
         description="Vendor-neutral device layer for HiSparse KV-cache offload.",
@@ -218,34 +239,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (HISPARSE_HAL_DEBUG=1)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
+    for name, summary in SUBCOMMANDS.items():
+        command = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+        if only is None or only == name:
+            _OPTIONS[name](command)
+    return parser
 
-    info = sub.add_parser("info", help="probe every backend and show which one is chosen, and why")
+
+def _info_options(info: argparse.ArgumentParser) -> None:
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.add_argument("--backend", default=None, help="explain the choice of this backend (strict)")
     info.set_defaults(func=_cmd_info)
 
-    conformance = sub.add_parser("conformance", help="run the conformance suite against a backend")
+
+def _conformance_options(conformance: argparse.ArgumentParser) -> None:
     from .conformance import runner
 
     runner.add_arguments(conformance)
     conformance.set_defaults(func=_cmd_conformance)
 
-    bench = sub.add_parser("bench", help="measure swaps and gathers against the plain alternatives")
+
+def _bench_options(bench: argparse.ArgumentParser) -> None:
     from .bench import command as bench_command
 
     bench_command.add_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
-    kernels = sub.add_parser(
-        "kernels", help="compile the Triton cache-ops kernels for GPU targets, offline, and report"
-    )
+
+def _kernels_options(kernels: argparse.ArgumentParser) -> None:
     from .cache_ops import kernel_report, kernels_command
 
     kernel_report.add_arguments(kernels)
     kernels.set_defaults(func=kernels_command.run)
 
-    scenario = sub.add_parser("scenario", help="run the tensor-parallel shared-pool offload scenario across processes")
+
+def _scenario_options(scenario: argparse.ArgumentParser) -> None:
     scenario.add_argument("--ranks", type=int, default=2, help="processes; rank 0 writes the shared pool (default 2)")
     scenario.add_argument("--steps", type=int, default=1000, help="engine steps (default 1000)")
     scenario.add_argument("--backend", default=None,
@@ -262,12 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
     scenario.add_argument("-v", "--verbose", action="store_true", help="log at INFO (the sync path's reason, cleanup)")
     scenario.set_defaults(func=_cmd_scenario)
 
-    vllm_check = sub.add_parser(
-        "vllm-check", help="can vLLM 0.34.0's HiSparse run here: its backend, whose cache ops, what blocks it"
-    )
+
+def _vllm_check_options(vllm_check: argparse.ArgumentParser) -> None:
     vllm_check.add_argument("--json", action="store_true", help="print JSON instead of text")
     vllm_check.set_defaults(func=_cmd_vllm_check)
-    return parser
+
+
+_OPTIONS = {"info": _info_options, "conformance": _conformance_options, "bench": _bench_options,
+            "kernels": _kernels_options, "scenario": _scenario_options, "vllm-check": _vllm_check_options}
 
 
 def _joined_option_values(argv: Sequence[str]) -> list[str]:
@@ -302,8 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = _debug_wanted(raw)
     if _is_main_thread():
         signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C: every cleanup runs
+    starting = True
     try:
-        args = build_parser().parse_args(_joined_option_values(raw))
+        args = build_parser(only=command if command in SUBCOMMANDS else "").parse_args(_joined_option_values(raw))
+        _finish_package_import()
+        starting = False
         from .environment_check import check_environment, unknown_variables
 
         check_environment()
@@ -312,6 +346,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as exc:
         how = str(exc) or "SIGINT"
+        if starting:
+            print(f"\nhisparse-hal: interrupted ({how}) while starting; nothing was done", file=sys.stderr)
+            return 130
         after = getattr(exc, "kept", None) or _AFTER_INTERRUPT.get(command, "nothing was written")
         print(f"\n{prefix}: interrupted ({how}); {after}", file=sys.stderr)
         return 130
@@ -319,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         _vllm_check_json_error(raw, exc)
+        from .registry import BACKEND_ENV
+
         hint = ""
         if os.environ.get(BACKEND_ENV) and "--backend" not in raw:
             hint = f"\nhint: install a build of torch for that backend, or unset {BACKEND_ENV}"
@@ -331,6 +370,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = str(exc) if isinstance(exc, HalError) else f"{type(exc).__name__}: {exc} (--debug shows where)"
         print(f"{prefix}: {what}", file=sys.stderr)
         return 2
+
+
+def _finish_package_import() -> None:
+    """Run the package's ``__init__`` (torch, the cache ops) if the console script deferred it until the command
+    line had been parsed (``hisparse_hal_launcher``); nothing otherwise."""
+    package = sys.modules[__package__ or "hisparse_hal"]
+    deferred = package.__dict__.pop("_deferred_init", None)
+    if deferred is not None:
+        deferred()
 
 
 def _is_main_thread() -> bool:

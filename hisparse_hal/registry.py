@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 
 from .backend import HiSparseBackend
 from .errors import BackendUnavailableError
-from .settings import name_setting
 
 # Discovery and probing live in .probing (which knows no backend class); their names stay public here.
 from .probing import (
@@ -27,6 +25,7 @@ from .probing import (
     probe_backends,
     torch_gpu_build,
 )
+from .settings import name_setting
 
 __all__ = [
     "ENTRY_POINT_GROUP",

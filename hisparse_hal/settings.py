@@ -53,7 +53,8 @@ def positive_setting(
     except ValueError:
         value = None
     if value is None or not (value > 0 and math.isfinite(value)):
-        raise InvalidArgumentError(f"{name} must be {what}, got {raw!r}; unset it for the default ({default_text or default})")
+        shown = default_text or default
+        raise InvalidArgumentError(f"{name} must be {what}, got {raw!r}; unset it for the default ({shown})")
     return value
 
 

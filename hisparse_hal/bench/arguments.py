@@ -12,41 +12,15 @@ from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.memory_budget import check_fits
 from hisparse_hal.output_checks import require_module, writable_file
 
-__all__ = ["validate", "positive_ints", "min_context", "swap_bytes_needed", "cache_ops_bytes_needed", "Given",
-           "GivenFlag", "MODE_OPTIONS"]
+from .options import MODE_OPTIONS
 
-#: The benchmark modes (one per run; none: the swap benchmark) and the options only that mode reads.
-MODE_OPTIONS = {
-    "--cache-ops": ("--requests", "--queries", "--context", "--no-oracle"),
-    "--pinning": ("--pin-mib", "--pin-chunks"),
-    "--submission": (),
-    None: ("--swap-mib", "--plot"),
-}
+__all__ = ["validate", "positive_ints", "min_context", "swap_bytes_needed", "cache_ops_bytes_needed", "check_mode"]
 
 #: Share of each row's top-k the cache-ops benchmark replaces between two steps (CacheOpsCase.churn).
 CHURN = 0.1
 #: Python memmove-loop entry per descriptor of the swap benchmark's plain alternative (tuple of three ints).
 _LOOP_ENTRY_BYTES = 200
 _SMALLEST_SWAP_BLOCK = 656
-
-
-class Given(argparse._StoreAction):
-    """``store``, also recording the option in ``namespace.given`` (so a mode's option given without its mode
-    is refused, even when its value equals the default)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: str | None = None) -> None:
-        super().__call__(parser, namespace, values, option_string)
-        namespace.given = {*getattr(namespace, "given", ()), self.option_strings[-1]}
-
-
-class GivenFlag(argparse._StoreTrueAction):
-    """``store_true``, also recording the option in ``namespace.given``."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: str | None = None) -> None:
-        super().__call__(parser, namespace, values, option_string)
-        namespace.given = {*getattr(namespace, "given", ()), self.option_strings[-1]}
 
 
 def check_mode(args: argparse.Namespace) -> None:
@@ -60,7 +34,7 @@ def check_mode(args: argparse.Namespace) -> None:
         named = ", ".join(modes[:-1]) + f" and {modes[-1]}"
         raise InvalidArgumentError(f"{named} are separate benchmarks; run one at a time")
     mode = modes[0] if modes else None
-    given = getattr(args, "given", set())
+    given: set[str] = getattr(args, "given", set())
     for other, options in MODE_OPTIONS.items():
         unused = [o for o in options if o in given and other != mode]
         if not unused:

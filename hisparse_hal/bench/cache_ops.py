@@ -24,6 +24,7 @@ from hisparse_hal.cache_ops.shapes import BLOCK, ROW_BYTES, TOP_K
 from hisparse_hal.errors import InvalidArgumentError
 
 from .arguments import positive_ints
+from .options import DEFAULT_REQUESTS, add_cache_ops_options
 from .table import Column, InterruptedWithFigures, format_header, format_row, write_json
 from .timing import time_runs
 
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CacheOpsCase", "CacheOpsFigure", "bench_case", "add_arguments", "run", "DEFAULT_REQUESTS"]
 
-DEFAULT_REQUESTS = (64, 128, 512)
-DEFAULT_QUERIES = (1, 2, 4)  # token rows per request: plain decode and MTP with 1 and 3 draft tokens
 #: Implementation modules measured, in table order.
 IMPLEMENTATIONS = ("oracle", "host_impl", "torch_impl", "triton_impl")
 
@@ -311,19 +310,8 @@ def _bench_step(step: _Step, device: torch.device, implementations: dict[str, in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options ``hisparse-hal bench`` gains for the cache ops."""
-    parser.add_argument("--cache-ops", action="store_true",
-                        help="benchmark the cache ops' decode step (oracle, host, torch, triton) instead")
-    from .arguments import Given, GivenFlag
-
-    parser.add_argument("--requests", default=",".join(map(str, DEFAULT_REQUESTS)), action=Given,
-                        help="comma-separated request counts for --cache-ops (default 64,128,512)")
-    parser.add_argument("--queries", default=",".join(map(str, DEFAULT_QUERIES)), action=Given,
-                        help="comma-separated token rows per request for --cache-ops (default 1,2,4; hot slots "
-                             "(Q + 1) x top-k)")
-    parser.add_argument("--context", type=int, default=8192, action=Given,
-                        help="tokens of context per request (--cache-ops; default 8192)")
-    parser.add_argument("--no-oracle", action=GivenFlag, help="skip the slow oracle (--cache-ops)")
+    """Options ``hisparse-hal bench`` gains for the cache ops (:func:`.options.add_cache_ops_options`)."""
+    add_cache_ops_options(parser)
 
 
 def _mib(value: int | None) -> str:

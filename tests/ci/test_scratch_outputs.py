@@ -29,8 +29,8 @@ def test_gpu_check_without_outdir_writes_under_ignored_reports_and_the_checkout_
     repo = _scratch_repo(tmp_path, "gpu-check.sh")
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
     env["GPU_CHECK_STEPS"] = "none-of-them"
-    done = subprocess.run(["bash", str(repo / "ci" / "gpu-check.sh"), "cuda"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(["bash", str(repo / "ci" / "gpu-check.sh"), "cuda"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     written = list((repo / "reports").glob("gpu-check-cuda-*/summary.txt"))
     assert len(written) == 1 and "device-smi: skipped" in written[0].read_text()
