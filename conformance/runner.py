@@ -4,7 +4,9 @@ Invariant: the backend is resolved through the same registry as ``get_backend`` 
 unavailable name is an error that prints the probe table) or built by an explicit factory; the exit
 code is 0 only when no test failed or passed unexpectedly. Output paths are checked before the run; an
 interrupted run gives pytest and everything it started a grace period, leaves no process and no scenario
-pool behind, and leaves a report marked INCOMPLETE (exit 130).
+pool behind, and leaves a report marked INCOMPLETE (exit 130). A usage error is one line before any report folder
+exists: a ``-k``, ``--pytest-args`` or factory function is first checked by a quiet collection child
+(:mod:`.preflight`), which builds the backend once more.
 """
 
 from __future__ import annotations
