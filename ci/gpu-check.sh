@@ -7,7 +7,8 @@
 #            (rocm-smi replaces nvidia-smi; vLLM's HiSparse kernels are CUDA-only, so the vllm-peer steps are
 #            skipped); nothing else changes.
 #   OUTDIR   where results go; default $OUT when set (the device tool's output folder), else
-#            ./gpu-check-<backend>-<UTC timestamp>.
+#            reports/gpu-check-<backend>-<UTC timestamp> in the checkout (ignored by git, so the next run's
+#            commit line does not say "(dirty)" because of this one).
 #   --dry-run  on any machine, no GPU: lists what a device call would carry (GPU_CHECK_CARRY, default
 #            ".vllm-peer .whl") with the total against the 64 MiB limit, checks the vLLM sources, and runs the
 #            vllm-peer harness with the oracle standing in for vLLM's kernels at small shapes. Nothing else.
@@ -29,7 +30,8 @@ if [ "${1:-}" = "--dry-run" ]; then
     set -- cpu "$@"
 fi
 backend="${1:-cuda}"
-outdir="${2:-${OUT:-./gpu-check-${backend}-$(date -u +%Y%m%dT%H%M%SZ)}}"
+root="$(cd "$(dirname "$0")/.." && pwd)"
+outdir="${2:-${OUT:-$root/reports/gpu-check-${backend}-$(date -u +%Y%m%dT%H%M%SZ)}}"
 mkdir -p "$outdir"
 outdir="$(cd "$outdir" && pwd)"
 cd "$(dirname "$0")/.."

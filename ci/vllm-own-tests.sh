@@ -3,6 +3,8 @@
 # vLLM (HISPARSE_HAL_VLLM_BACKEND=cpu) and put in place of CUDAHiSparseBackend where the tests patch it in
 # (ci/vllm_own_tests/hisparse_hal_backend.py; vLLM's files are not edited). Known failures carry their reasons
 # there (strict xfail). Runs in the venv ci/vllm-tests.sh built (active, or HISPARSE_VLLM_VENV).
+# vLLM's sdist goes into a temporary folder removed on exit (HISPARSE_VLLM_KEEP_SDIST=1 keeps it and says where);
+# HISPARSE_VLLM_SDIST_DIR names a folder of your own instead, reused and never removed.
 #
 # The Hub files (tests/v1/core/{test_kv_cache_planning,test_kv_cache_utils,test_prefix_caching,test_scheduler}.py,
 # tests/test_config.py) run offline: the plugin writes a local hub cache with the model configs they name
@@ -17,7 +19,16 @@ if [ -n "${HISPARSE_VLLM_VENV:-}" ]; then
   # PATH, not bin/activate: a copied venv's activate script names the directory it was made in.
   export PATH="$HISPARSE_VLLM_VENV/bin:$PATH"
 fi
-work="${HISPARSE_VLLM_SDIST_DIR:-$(mktemp -d)}"
+if [ -n "${HISPARSE_VLLM_SDIST_DIR:-}" ]; then
+  work="$HISPARSE_VLLM_SDIST_DIR"
+else
+  work="$(mktemp -d "${TMPDIR:-/tmp}/hisparse-vllm-sdist-XXXXXX")"
+  if [ "${HISPARSE_VLLM_KEEP_SDIST:-0}" = 1 ]; then
+    echo "vllm-own-tests: keeping vLLM's sdist in $work (HISPARSE_VLLM_KEEP_SDIST=1)" >&2
+  else
+    trap 'rm -rf "$work"' EXIT
+  fi
+fi
 if [ ! -d "$work/vllm-0.34.0/tests" ]; then
   PYTHON=python bash ci/fetch-vllm-sdist.sh "$work"
   tar xzf "$work/vllm-0.34.0.tar.gz" -C "$work" vllm-0.34.0/tests

@@ -4,7 +4,9 @@ Invariant: the backend is resolved through the same registry as ``get_backend`` 
 unavailable name is an error that prints the probe table) or built by an explicit factory; the exit
 code is 0 only when no test failed or passed unexpectedly. Output paths are checked before the run; an
 interrupted run gives pytest and everything it started a grace period, leaves no process and no scenario
-pool behind, and leaves a report marked INCOMPLETE (exit 130).
+pool behind, and leaves a report marked INCOMPLETE (exit 130). A usage error is one line before any report folder
+exists: a ``-k``, ``--pytest-args`` or factory function is first checked by a quiet collection child
+(:mod:`.preflight`), which builds the backend once more.
 """
 
 from __future__ import annotations
@@ -14,18 +16,24 @@ import importlib.util
 import json
 import logging
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hisparse_hal.child_group import run_in_group
 from hisparse_hal.errors import BackendUnavailableError, InvalidArgumentError
 from hisparse_hal.output_checks import writable_directory, writable_file
 from hisparse_hal.python_child import python_command, python_environment
 
+from .expectations import load_expectations
 from .junit import write_junit
+from .preflight import check_arguments, check_selection, needs_selection_check, scratch_directory, sweep_stale_scratch
 from .report import OUTCOMES, area_of, mark_incomplete, write_report
-from .resolved_run import ResolvedRun
+
+if TYPE_CHECKING:  # imported where used: they import torch, which the command's --help does not need
+    from .resolved_run import ResolvedRun
 
 __all__ = ["add_arguments", "run", "pytest_arguments", "complete_crashed_report"]
 
@@ -65,17 +73,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run in N processes (pytest-xdist; 'auto' for one per core)",
     )
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
-                        help="per-test time limit when pytest-timeout is installed (default 600)")
+                        help="per-test time limit when pytest-timeout is installed: a positive number of seconds "
+                             "(default 600; 0, negative and non-finite values are refused)")
     parser.add_argument(
         "--pytest-args", default="", metavar="ARGS", help="further pytest arguments, as one quoted string"
     )
 
 
-def pytest_arguments(args: argparse.Namespace, run: ResolvedRun) -> list[str]:
+def pytest_arguments(args: argparse.Namespace, run: ResolvedRun, collecting: bool = False) -> list[str]:
     """The pytest command line (without the program name) for these runner arguments and the resolved run.
 
     It names the backend and the expectations file, so it reproduces the run by hand; the runner adds
     ``--hal-run run.json`` so that its child reads them (and the probe results) instead of resolving again.
+    ``collecting``: the arguments of the selection check (no report, no ``--hal-strict``, no ``-n``).
     """
     recipe = run.recipe
     argv = ["-p", PLUGIN, "-c", str(SETTINGS), "--rootdir", str(Path(__file__).parent), "-p", "no:cacheprovider",
@@ -83,13 +93,13 @@ def pytest_arguments(args: argparse.Namespace, run: ResolvedRun) -> list[str]:
     argv += ["--hal-factory", recipe.factory] if recipe.factory else ["--hal-backend", str(recipe.registry_name)]
     if not run.expectations_pending:
         argv += ["--hal-expectations", run.expectations or "none"]
-    if args.report:
+    if args.report and not collecting:
         argv += ["--hal-report", str(args.report)]
-    if args.strict:
+    if args.strict and not collecting:
         argv.append("--hal-strict")
     if args.keyword:
         argv += ["-k", args.keyword]
-    if args.numprocesses:
+    if args.numprocesses and not collecting:
         if importlib.util.find_spec("xdist") is None:
             raise InvalidArgumentError("-n needs pytest-xdist: pip install -e '.[test]' from the checkout")
         argv += ["-n", str(args.numprocesses)]
@@ -125,33 +135,62 @@ def run(args: argparse.Namespace) -> int:
         includes the probe table), 130 when the run was interrupted.
     """
     from hisparse_hal.output_checks import require_module
-    from hisparse_hal.shm_sweep import sweep_shared_files
 
     for module in ("pytest", "hypothesis"):
         require_module(module, "test", "the conformance suite")
     if args.numprocesses:
         require_module("xdist", "test", "conformance -n")
+    check_arguments(args)
+    new_report = bool(args.report) and not Path(args.report).exists()
     check_outputs(args)
+    try:
+        return _resolve_and_run(args)
+    except BaseException:
+        if new_report and not any(Path(args.report).iterdir()):
+            Path(args.report).rmdir()  # a usage error or an early interrupt leaves no empty report folder
+        raise
+
+
+def _resolve_and_run(args: argparse.Namespace) -> int:
+    """Resolve the run, check its expectations, then run it in a scratch folder; see :func:`run`."""
+    from .resolved_run import ResolvedRun
+
     try:
         resolved = ResolvedRun.resolve(args.backend, args.factory, args.expectations)  # probes, once per run
         argv = pytest_arguments(args, resolved)
     except BackendUnavailableError as exc:
         print(f"hisparse-hal conformance: {exc}", file=sys.stderr)
         return 2
+    if resolved.expectations:
+        load_expectations(resolved.expectations)  # a bad file is one line now, not a failed pytest start
+    for path in sweep_stale_scratch():
+        log.info("removed %s, the scratch folder of a runner that was killed", path)
+    scratch = scratch_directory()
+    try:
+        return _run_in(scratch, args, resolved, argv)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_in(scratch: str, args: argparse.Namespace, resolved: ResolvedRun, argv: list[str]) -> int:
+    """Check the selection, then run the suite with ``scratch`` as the children's temp folder; see :func:`run`."""
+    from hisparse_hal.shm_sweep import SWEPT, sweep_shared_files
+
+    run_file = resolved.write(Path(scratch) / "run.json")
+    if needs_selection_check(args, factory_is_class=resolved.recipe.factory is None or _factory_is_class(resolved)):
+        check_selection([*pytest_arguments(args, resolved, collecting=True), "--hal-run", str(run_file)], args)
     for path in sweep_shared_files():
-        print(f"hisparse-hal conformance: removed {path}, left in shared memory by a run that was killed",
-              file=sys.stderr)
+        print(f"hisparse-hal conformance: removed {path}, {SWEPT}", file=sys.stderr)
     print(f"hisparse-hal conformance: testing {resolved.recipe.describe()}", file=sys.stderr)
     print("  python -P -m pytest " + shlex.join(argv), file=sys.stderr)
     directory = Path(args.report) if args.report else Path(tempfile.mkdtemp(prefix="hisparse-conformance-"))
     if not args.report:
         argv = [*argv, "--hal-report", str(directory)]
-    with tempfile.TemporaryDirectory(prefix="hisparse-conformance-run-") as scratch:
-        run_file = resolved.write(Path(scratch) / "run.json")
-        code, interrupted_by = _run_until_done([*argv, "--hal-run", str(run_file)], directory)
+    # The children's temp files (xdist's gate folder among them) go into the scratch folder, removed with it.
+    env = {**python_environment(), "TMPDIR": scratch}
+    code, interrupted_by = _run_until_done([*argv, "--hal-run", str(run_file)], directory, env)
     for path in sweep_shared_files():  # what a test process ended by force left behind
-        print(f"hisparse-hal conformance: removed {path}, left in shared memory by an ended test process",
-              file=sys.stderr)
+        print(f"hisparse-hal conformance: removed {path}, {SWEPT}", file=sys.stderr)
     marked = None
     finished = interrupted_by is not None and _report_is_final(directory)
     if interrupted_by and not finished:
@@ -194,7 +233,14 @@ def _write_junit(path: str, directory: Path, code: int) -> int:
     return code
 
 
-def _run_until_done(argv: list[str], directory: Path) -> tuple[int, str | None]:
+def _factory_is_class(resolved: ResolvedRun) -> bool:
+    """Whether the run's factory is a class (its instances' type is known without calling it)."""
+    from .recipe import load_factory
+
+    return isinstance(load_factory(str(resolved.recipe.factory)), type)
+
+
+def _run_until_done(argv: list[str], directory: Path, env: dict[str, str]) -> tuple[int, str | None]:
     """Run pytest in a child interpreter; when a test kills it (a fault in a vendor library), record
     that test as failed and resume with the tests not yet run, so one crash hides no other result.
 
@@ -206,7 +252,7 @@ def _run_until_done(argv: list[str], directory: Path) -> tuple[int, str | None]:
     while True:
         # The child imports the package this process imported, never a source folder in the working directory.
         command = python_command(module="pytest", args=[*argv, *resume, "--hal-deferred-interrupts"])
-        ended = run_in_group(command, env=python_environment(), start_with_sigint_blocked=True)
+        ended = run_in_group(command, env=env, start_with_sigint_blocked=True)
         code = ended.returncode
         if ended.interrupted_by:
             return INTERRUPTED, ended.interrupted_by
@@ -222,7 +268,8 @@ def _run_until_done(argv: list[str], directory: Path) -> tuple[int, str | None]:
         crashed.append(test)
         print(f"hisparse-hal conformance: the test process died (exit status {code}) while running {test}; "
               "recorded as failed, resuming with the tests not yet run", file=sys.stderr)
-        resume = ["--hal-resume", str(directory / "results.json")]
+        # Quiet (-q): a resumed run prints no second session header, only its progress and its summary.
+        resume = ["--hal-resume", str(directory / "results.json"), "-q"]
     if crashed:
         print(
             f"hisparse-hal conformance: {len(crashed)} test(s) crashed the process: {', '.join(crashed)}",

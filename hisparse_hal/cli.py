@@ -2,7 +2,8 @@
 
 Every subcommand exits with the same codes (:data:`EXIT_CODES`): an error of the package (``HalError``) or of
 the system (``OSError``) is one line on stderr and exit 2, with the traceback only under ``--debug`` or
-``HISPARSE_HAL_DEBUG=1``; SIGINT or SIGTERM is one line and exit 130.
+``HISPARSE_HAL_DEBUG=1``; SIGINT or SIGTERM is one line and exit 130. Parsing imports no torch: each subcommand's
+options are added only when it is the one asked for, and its modules are imported only then.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from .errors import BackendUnavailableError, HalError, InvalidArgumentError
-from .registry import BACKEND_ENV, format_probe_table, probe_backends, select_backend
+from .settings import name_setting
 
 __all__ = ["main", "build_parser", "EXIT_CODES"]
 
@@ -26,11 +27,13 @@ EXIT_CODES = {0: "success", 1: "tests or checks failed", 2: "usage or environmen
               130: "interrupted (SIGINT or SIGTERM)"}
 EPILOG = ("exit status: 0 success; 1 tests or checks failed; 2 usage or environment error (bad option, unwritable "
           "output, missing extra, bad HISPARSE_HAL_* value, no usable backend); 130 interrupted (SIGINT, SIGTERM). "
+          "info prints its table in every case and exits 2 when the backend named by --backend or "
+          "HISPARSE_HAL_BACKEND is unknown or unavailable, 1 when none was named and none can be chosen. "
           "--debug (or HISPARSE_HAL_DEBUG=1) shows the traceback of an error.")
 #: What an interrupt of each subcommand leaves behind, for its one line.
 _AFTER_INTERRUPT = {
     "info": "nothing was written",
-    "bench": "the figures measured so far are lost; no --json or --plot file was written",
+    "bench": "no --json or --plot file was written",
     "kernels": "no --json or --dump output was written",
     "scenario": "the ranks were stopped and the shared pool removed; no --json file was written",
     "vllm-check": "nothing was written",
@@ -38,8 +41,10 @@ _AFTER_INTERRUPT = {
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    from .registry import BACKEND_ENV, format_probe_table, probe_backends, select_backend
+
     results = probe_backends()
-    requested = args.backend if args.backend is not None else (os.environ.get(BACKEND_ENV) or None)
+    requested = args.backend if args.backend is not None else name_setting(BACKEND_ENV)
     if requested is not None and requested not in {r.name for r in results}:
         names = [r.name for r in results]
         where = "--backend" if args.backend is not None else BACKEND_ENV
@@ -59,7 +64,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
             "backends": [r.as_dict() for r in results],
         }
         print(json.dumps(payload, indent=2, sort_keys=False, default=str))
-        return 0 if chosen else 1
+        return _info_status(chosen, requested)
     print(format_probe_table(results, chosen))
     for r in results:
         if r.facts:
@@ -71,7 +76,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(f"cache ops: {cache_ops['implementation']} ({cache_ops['reason']})")
     if not chosen and requested:
         print(f"hint: install a build of torch for {requested!r}, or unset {BACKEND_ENV} / drop --backend")
-    return 0 if chosen else 1
+    return _info_status(chosen, requested)
+
+
+def _info_status(chosen: str | None, requested: str | None) -> int:
+    """``info``'s exit status: 0 a backend is chosen; 2 the named one is unusable (as every command); 1 none is."""
+    if chosen:
+        return 0
+    return 2 if requested else 1
 
 
 def _cache_ops_choice(chosen: str | None, results: Sequence[object]) -> dict[str, str] | None:
@@ -117,20 +129,19 @@ def _fault(text: str) -> tuple[int, int]:
 def _cmd_scenario(args: argparse.Namespace) -> int:
     import logging
 
-    from .scenario import FaultPlan, ScenarioConfig, run_scenario
-    from .scenario.arguments import validate
-    from .shm_sweep import sweep_shared_files
+    from .scenario import run_scenario
+    from .scenario.arguments import config_from_options, validate
+    from .shm_sweep import SWEPT, sweep_shared_files
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    config = ScenarioConfig(
-        ranks=args.ranks, steps=args.steps, backend=args.backend, sync=args.sync, timeout_s=args.timeout,
-        host_chunk_bytes=args.host_chunk_bytes, kill=FaultPlan(*args.kill) if args.kill else None,
-    )
+    config = config_from_options(args)
     validate(config, args.json)
+    from .registry import select_backend
+
     select_backend(args.backend)  # an unknown or unavailable name fails here, with the probe table (exit 2)
     for path in sweep_shared_files():
-        print(f"hisparse-hal scenario: removed {path}, left in shared memory by a run that was killed", file=sys.stderr)
+        print(f"hisparse-hal scenario: removed {path}, {SWEPT}", file=sys.stderr)
     bar = None
     if sys.stdout.isatty():
         from tqdm import tqdm
@@ -149,8 +160,10 @@ def _cmd_scenario(args: argparse.Namespace) -> int:
         sweep_shared_files()  # the event files of ranks the driver had to SIGKILL
     print(f"backend: {result.backend}; "
           f"sync: {result.sync} ({result.sync_reason})")
-    print(f"{config.ranks} ranks x {config.steps} steps in {result.wall_s:.1f} s wall; "
-          f"{result.steps_per_s:.1f} steps/s (rank 0's step loop); {result.bytes_moved / 2**20:.1f} MiB moved")
+    rate = (f"{result.steps_per_s:.1f} steps/s (rank 0's step loop)" if result.steps_per_s
+            else "steps/s unknown (rank 0's step loop did not run)")
+    print(f"{config.ranks} ranks x {config.steps} steps in {result.wall_s:.1f} s wall; {rate}; "
+          f"{result.bytes_moved / 2**20:.1f} MiB moved")
     print(f"{'rank':>4} {'steps':>7} {'p50 ms':>8} {'p99 ms':>8} {'MiB':>8} {'mismatch':>8}  outcome")
     for rank in result.ranks:
         outcome = "ok" if rank.ok else (f"{rank.error_type}: {rank.error}" if rank.error_type else "FAILED")
@@ -200,8 +213,26 @@ def _vllm_check_json_error(argv: Sequence[str], exc: BaseException) -> None:
         print(json.dumps(vllm_plugin.error_report(exc), indent=2))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``hisparse-hal`` command."""
+#: Each subcommand's one-line help, also its description in ``hisparse-hal SUBCOMMAND --help``.
+SUBCOMMANDS = {
+    "info": "probe every backend and show which one is chosen, and why",
+    "conformance": "run the conformance suite against a backend and write its report",
+    "verify": "check a conformance report folder: CONFORMANT or NOT CONFORMANT, with every reason (exit 0 or 1)",
+    "bench": "measure swaps and gathers (or, with a mode option, the cache ops, pinning or submission cost) "
+             "against the plain alternatives",
+    "kernels": "compile the Triton cache-ops kernels for GPU targets, offline, and report",
+    "scenario": "run the tensor-parallel shared-pool offload scenario across processes",
+    "vllm-check": "can vLLM 0.34.0's HiSparse run here: its backend, whose cache ops, what blocks it",
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of the ``hisparse-hal`` command.
+
+    Args:
+        only: add the options of this subcommand only (``""``: of none, for the top-level help), so that parsing
+            imports only that subcommand's modules; None adds every subcommand's options.
+    """
     parser = argparse.ArgumentParser(
         prog="hisparse-hal",
         description="Vendor-neutral device layer for HiSparse KV-cache offload.",
@@ -209,41 +240,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (HISPARSE_HAL_DEBUG=1)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
+    for name, summary in SUBCOMMANDS.items():
+        command = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+        if only is None or only == name:
+            _OPTIONS[name](command)
+    return parser
 
-    info = sub.add_parser("info", help="probe every backend and show which one is chosen, and why")
+
+def _info_options(info: argparse.ArgumentParser) -> None:
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.add_argument("--backend", default=None, help="explain the choice of this backend (strict)")
     info.set_defaults(func=_cmd_info)
 
-    conformance = sub.add_parser("conformance", help="run the conformance suite against a backend")
+
+def _conformance_options(conformance: argparse.ArgumentParser) -> None:
     from .conformance import runner
 
     runner.add_arguments(conformance)
     conformance.set_defaults(func=_cmd_conformance)
 
-    verify = sub.add_parser("verify", help="check a conformance report folder: CONFORMANT or NOT CONFORMANT, "
-                            "with every reason (exit 0 or 1)")
+
+def _verify_options(verify: argparse.ArgumentParser) -> None:
     from .conformance import verify as verify_command
 
     verify_command.add_arguments(verify)
     verify.set_defaults(func=verify_command.run)
 
-    bench = sub.add_parser("bench", help="measure swaps and gathers against the plain alternatives")
+
+def _bench_options(bench: argparse.ArgumentParser) -> None:
     from .bench import command as bench_command
 
     bench_command.add_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
-    kernels = sub.add_parser(
-        "kernels", help="compile the Triton cache-ops kernels for GPU targets, offline, and report"
-    )
+
+def _kernels_options(kernels: argparse.ArgumentParser) -> None:
     from .cache_ops import kernel_report, kernels_command
 
     kernel_report.add_arguments(kernels)
     kernels.set_defaults(func=kernels_command.run)
 
-    scenario = sub.add_parser("scenario", help="run the tensor-parallel shared-pool offload scenario across processes")
+
+def _scenario_options(scenario: argparse.ArgumentParser) -> None:
     scenario.add_argument("--ranks", type=int, default=2, help="processes; rank 0 writes the shared pool (default 2)")
     scenario.add_argument("--steps", type=int, default=1000, help="engine steps (default 1000)")
     scenario.add_argument("--backend", default=None,
@@ -260,12 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
     scenario.add_argument("-v", "--verbose", action="store_true", help="log at INFO (the sync path's reason, cleanup)")
     scenario.set_defaults(func=_cmd_scenario)
 
-    vllm_check = sub.add_parser(
-        "vllm-check", help="can vLLM 0.34.0's HiSparse run here: its backend, whose cache ops, what blocks it"
-    )
+
+def _vllm_check_options(vllm_check: argparse.ArgumentParser) -> None:
     vllm_check.add_argument("--json", action="store_true", help="print JSON instead of text")
     vllm_check.set_defaults(func=_cmd_vllm_check)
-    return parser
+
+
+_OPTIONS = {"info": _info_options, "conformance": _conformance_options, "verify": _verify_options,
+            "bench": _bench_options, "kernels": _kernels_options, "scenario": _scenario_options, "vllm-check": _vllm_check_options}
 
 
 def _joined_option_values(argv: Sequence[str]) -> list[str]:
@@ -300,8 +341,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = _debug_wanted(raw)
     if _is_main_thread():
         signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM unwinds like Ctrl-C: every cleanup runs
+    starting = True
     try:
-        args = build_parser().parse_args(_joined_option_values(raw))
+        args = build_parser(only=command if command in SUBCOMMANDS else "").parse_args(_joined_option_values(raw))
+        _finish_package_import()
+        starting = False
         from .environment_check import check_environment, unknown_variables
 
         check_environment()
@@ -310,13 +354,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as exc:
         how = str(exc) or "SIGINT"
-        print(f"\n{prefix}: interrupted ({how}); {_AFTER_INTERRUPT.get(command, 'nothing was written')}",
-              file=sys.stderr)
+        if starting:
+            print(f"\nhisparse-hal: interrupted ({how}) while starting; nothing was done", file=sys.stderr)
+            return 130
+        after = getattr(exc, "kept", None) or _AFTER_INTERRUPT.get(command, "nothing was written")
+        print(f"\n{prefix}: interrupted ({how}); {after}", file=sys.stderr)
         return 130
     except BackendUnavailableError as exc:
         if debug:
             traceback.print_exc()
         _vllm_check_json_error(raw, exc)
+        from .registry import BACKEND_ENV
+
         hint = ""
         if os.environ.get(BACKEND_ENV) and "--backend" not in raw:
             hint = f"\nhint: install a build of torch for that backend, or unset {BACKEND_ENV}"
@@ -329,6 +378,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = str(exc) if isinstance(exc, HalError) else f"{type(exc).__name__}: {exc} (--debug shows where)"
         print(f"{prefix}: {what}", file=sys.stderr)
         return 2
+
+
+def _finish_package_import() -> None:
+    """Run the package's ``__init__`` (torch, the cache ops) if the console script deferred it until the command
+    line had been parsed (``hisparse_hal_launcher``); nothing otherwise."""
+    package = sys.modules[__package__ or "hisparse_hal"]
+    deferred = package.__dict__.pop("_deferred_init", None)
+    if deferred is not None:
+        deferred()
 
 
 def _is_main_thread() -> bool:

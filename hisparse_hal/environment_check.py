@@ -30,8 +30,9 @@ _SWITCH = ("", "on", "off", "1", "0", "true", "false", "yes", "no")
 
 def _cache_ops(environ: Mapping[str, str]) -> None:
     from .cache_ops.selection import CACHE_OPS_ENV, IMPLEMENTATIONS
+    from .settings import name_setting
 
-    value = environ.get(CACHE_OPS_ENV, "").strip().lower()
+    value = name_setting(CACHE_OPS_ENV, environ)
     if value and value not in IMPLEMENTATIONS:
         raise InvalidArgumentError(f"{CACHE_OPS_ENV} must be one of {list(IMPLEMENTATIONS)}, got "
                                    f"{environ[CACHE_OPS_ENV]!r}; unset it to choose by capability")
@@ -44,10 +45,9 @@ def _event_timeout(environ: Mapping[str, str]) -> None:
 
 
 def _pin_chunk(environ: Mapping[str, str]) -> None:
-    from .host_registration import CHUNK_ENV
-    from .settings import positive_setting
+    from .host_registration import default_chunk_bytes
 
-    positive_setting(CHUNK_ENV, 1, lambda text: int(text, 0), "a positive byte count", environ)
+    default_chunk_bytes(environ)
 
 
 def _cuda_batch(environ: Mapping[str, str]) -> None:

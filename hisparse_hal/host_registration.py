@@ -13,7 +13,7 @@ import logging
 import math
 import mmap
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .errors import InvalidArgumentError
 from .settings import positive_setting
@@ -36,13 +36,14 @@ PAGE_BYTES = mmap.PAGESIZE
 CHUNK_ENV = "HISPARSE_HAL_PIN_CHUNK_BYTES"
 
 
-def default_chunk_bytes() -> int:
+def default_chunk_bytes(environ: Mapping[str, str] | None = None) -> int:
     """The chunk cap: ``HISPARSE_HAL_PIN_CHUNK_BYTES`` if set (decimal or ``0x`` hex), else 256 GiB.
 
     Raises:
         InvalidArgumentError: the variable is not a positive integer.
     """
-    value = positive_setting(CHUNK_ENV, DEFAULT_CHUNK_BYTES, lambda text: int(text, 0), "a positive byte count")
+    value = positive_setting(CHUNK_ENV, DEFAULT_CHUNK_BYTES, lambda text: int(text, 0), "a positive byte count",
+                             environ, default_text=f"{DEFAULT_CHUNK_BYTES >> 30} GiB")
     assert value is not None
     return value
 

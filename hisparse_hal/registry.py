@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 
 from .backend import HiSparseBackend
@@ -26,6 +25,7 @@ from .probing import (
     probe_backends,
     torch_gpu_build,
 )
+from .settings import name_setting
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -83,7 +83,7 @@ def select_backend(name: str | None = None, results: list[ProbeResult] | None = 
             message includes the probe table.
     """
     results = probe_backends() if results is None else results
-    requested = name if name is not None else (os.environ.get(BACKEND_ENV) or None)
+    requested = name if name is not None else name_setting(BACKEND_ENV)
     table = format_probe_table(results)
     if requested is not None:
         source = "requested" if name is not None else f"{BACKEND_ENV}={requested!r}"
@@ -136,7 +136,7 @@ def get_backend(name: str | None = None) -> HiSparseBackend:
         BackendUnavailableError: as :func:`select_backend`.
     """
     with _cache_lock:
-        key = name if name is not None else (os.environ.get(BACKEND_ENV) or "")
+        key = name if name is not None else (name_setting(BACKEND_ENV) or "")
         if key in _cache:
             return _cache[key]
         selection = select_backend(name)

@@ -1,7 +1,8 @@
 """Settings read from ``HISPARSE_HAL_*`` environment variables, parsed and checked in one place.
 
 Each reader returns the default when its variable is unset or empty, and raises a typed error that
-quotes the bad value otherwise.
+quotes the bad value and names the default otherwise. A value that names something (a backend, an
+implementation) is read case-insensitively, the same rule for every variable (:func:`name_setting`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TypeVar
 
 from .errors import InvalidArgumentError
 
-__all__ = ["EVENT_TIMEOUT_ENV", "DEFAULT_EVENT_TIMEOUT_S", "positive_setting", "event_timeout_s"]
+__all__ = ["EVENT_TIMEOUT_ENV", "DEFAULT_EVENT_TIMEOUT_S", "positive_setting", "event_timeout_s", "name_setting"]
 
 EVENT_TIMEOUT_ENV = "HISPARSE_HAL_EVENT_TIMEOUT_S"
 #: Default bound of an IPC event wait: long enough for a slow peer step, short enough to end a hang.
@@ -28,6 +29,8 @@ def positive_setting(
     parse: Callable[[str], T],
     what: str,
     environ: Mapping[str, str] | None = None,
+    *,
+    default_text: str | None = None,
 ) -> T | None:
     """A positive, finite number from environment variable ``name``.
 
@@ -37,6 +40,7 @@ def positive_setting(
         parse: ``int``, ``float`` or another parser of the stripped text.
         what: what the value means, for the error (``"a positive byte count"``).
         environ: the environment to read (``os.environ`` when None).
+        default_text: how the error names the default (``"256 GiB"``; the default's value when None).
 
     Raises:
         InvalidArgumentError: the value does not parse or is not positive and finite (quoted).
@@ -49,7 +53,8 @@ def positive_setting(
     except ValueError:
         value = None
     if value is None or not (value > 0 and math.isfinite(value)):
-        raise InvalidArgumentError(f"{name} must be {what}, got {raw!r}; unset it for the default ({default})")
+        shown = default_text or default
+        raise InvalidArgumentError(f"{name} must be {what}, got {raw!r}; unset it for the default ({shown})")
     return value
 
 
@@ -64,3 +69,10 @@ def event_timeout_s(environ: Mapping[str, str] | None = None) -> float:
     )
     assert value is not None
     return value
+
+
+def name_setting(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of a variable that names something (``HISPARSE_HAL_BACKEND``, ``HISPARSE_HAL_CACHE_OPS``, ...),
+    stripped and lower-cased (names are lower-case, so ``CPU`` means ``cpu``); None when unset or blank."""
+    raw = (os.environ if environ is None else environ).get(name, "")
+    return raw.strip().lower() or None

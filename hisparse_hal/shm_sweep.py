@@ -1,4 +1,5 @@
-"""Remove the memory-backed files (``/dev/shm``) that processes of this package leave when they are killed:
+"""Remove the memory-backed files (``/dev/shm``) that processes of this package leave when they exit without
+removing them (killed, or ended by a crash):
 scenario pools whose creator is dead and CPU IPC event files whose exporter is dead.
 
 Invariant: only files whose owner is gone are removed; a live run's files are never touched.
@@ -8,7 +9,10 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["sweep_shared_files"]
+__all__ = ["sweep_shared_files", "SWEPT"]
+
+#: How a command names a file the sweep removed: the sweep knows only that the file's owner exited.
+SWEPT = "left in shared memory by an exited process"
 
 
 def sweep_shared_files() -> list[str]:

@@ -12,13 +12,37 @@ from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.memory_budget import check_fits
 from hisparse_hal.output_checks import require_module, writable_file
 
-__all__ = ["validate", "positive_ints", "min_context", "swap_bytes_needed", "cache_ops_bytes_needed"]
+from .options import MODE_OPTIONS
+
+__all__ = ["validate", "positive_ints", "min_context", "swap_bytes_needed", "cache_ops_bytes_needed", "check_mode"]
 
 #: Share of each row's top-k the cache-ops benchmark replaces between two steps (CacheOpsCase.churn).
 CHURN = 0.1
 #: Python memmove-loop entry per descriptor of the swap benchmark's plain alternative (tuple of three ints).
 _LOOP_ENTRY_BYTES = 200
 _SMALLEST_SWAP_BLOCK = 656
+
+
+def check_mode(args: argparse.Namespace) -> None:
+    """One benchmark mode per run, and no option of another mode.
+
+    Raises:
+        InvalidArgumentError: two modes (naming both), or an option the chosen mode does not read (naming it).
+    """
+    modes = [m for m in MODE_OPTIONS if m and getattr(args, m[2:].replace("-", "_"), False)]
+    if len(modes) > 1:
+        named = ", ".join(modes[:-1]) + f" and {modes[-1]}"
+        raise InvalidArgumentError(f"{named} are separate benchmarks; run one at a time")
+    mode = modes[0] if modes else None
+    given: set[str] = getattr(args, "given", set())
+    for other, options in MODE_OPTIONS.items():
+        unused = [o for o in options if o in given and other != mode]
+        if not unused:
+            continue
+        if mode is None:
+            raise InvalidArgumentError(f"{unused[0]} is an option of {other}; add {other} or drop {unused[0]}")
+        owner = other or "the swap benchmark (no mode option)"
+        raise InvalidArgumentError(f"{unused[0]} does nothing with {mode}: it is an option of {owner}")
 
 
 def positive_ints(text: str, option: str) -> list[int]:
@@ -66,12 +90,10 @@ def validate(args: argparse.Namespace) -> None:
     """
     if args.repeats < 1:
         raise InvalidArgumentError(f"--repeats must be at least 1, got {args.repeats}")
+    check_mode(args)
     if args.json:
         writable_file(args.json, "--json")
     if args.plot:
-        if args.cache_ops or args.submission:
-            raise InvalidArgumentError("--plot draws the swap benchmark; it cannot be used with --cache-ops or "
-                                       "--submission")
         require_module("matplotlib", "plot", "bench --plot")
         writable_file(args.plot, "--plot")
     if args.cache_ops:

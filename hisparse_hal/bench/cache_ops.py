@@ -24,7 +24,8 @@ from hisparse_hal.cache_ops.shapes import BLOCK, ROW_BYTES, TOP_K
 from hisparse_hal.errors import InvalidArgumentError
 
 from .arguments import positive_ints
-from .table import Column, format_header, format_row, write_json
+from .options import DEFAULT_REQUESTS, add_cache_ops_options
+from .table import Column, InterruptedWithFigures, format_header, format_row, write_json
 from .timing import time_runs
 
 if TYPE_CHECKING:
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CacheOpsCase", "CacheOpsFigure", "bench_case", "add_arguments", "run", "DEFAULT_REQUESTS"]
 
-DEFAULT_REQUESTS = (64, 128, 512)
-DEFAULT_QUERIES = (1, 2, 4)  # token rows per request: plain decode and MTP with 1 and 3 draft tokens
 #: Implementation modules measured, in table order.
 IMPLEMENTATIONS = ("oracle", "host_impl", "torch_impl", "triton_impl")
 
@@ -229,6 +228,10 @@ def _peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int:
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
+    # Kineto prints its start/stop markers ("USDT: ... profiler_start") at level 5 whatever the level asked for;
+    # 6 keeps them out of the table. Read when the profiler first starts; a value the user set is kept.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events: list[Any] = []
@@ -307,16 +310,8 @@ def _bench_step(step: _Step, device: torch.device, implementations: dict[str, in
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options ``hisparse-hal bench`` gains for the cache ops."""
-    parser.add_argument("--cache-ops", action="store_true",
-                        help="benchmark the cache ops' decode step (oracle, host, torch, triton) instead")
-    parser.add_argument("--requests", default=",".join(map(str, DEFAULT_REQUESTS)),
-                        help="comma-separated request counts for --cache-ops (default 64,128,512)")
-    parser.add_argument("--queries", default=",".join(map(str, DEFAULT_QUERIES)),
-                        help="comma-separated token rows per request for --cache-ops (default 1,2,4; hot slots "
-                             "(Q + 1) x top-k)")
-    parser.add_argument("--context", type=int, default=8192, help="tokens of context per request (--cache-ops)")
-    parser.add_argument("--no-oracle", action="store_true", help="skip the slow oracle (--cache-ops)")
+    """Options ``hisparse-hal bench`` gains for the cache ops (:func:`.options.add_cache_ops_options`)."""
+    add_cache_ops_options(parser)
 
 
 def _mib(value: int | None) -> str:
@@ -386,23 +381,50 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(format_header(FIGURE_COLUMNS))
     figures: list[CacheOpsFigure] = []
-    for index, (requests, q) in enumerate((r, q) for r in counts for q in queries):
-        plan: dict[str, int] = {}
-        if not args.no_oracle:
-            plan["oracle"] = 1
-        plan["host_impl"] = args.repeats
-        plan["torch_impl"] = args.repeats
-        if triton.version is not None and (not interpreted or index == 0):
-            plan["triton_impl"] = args.repeats if not interpreted else 1
-        case = CacheOpsCase(requests, context=args.context, queries=q)
-        rows = bench_case(case, backend, plan)
-        figures.extend(rows)
-        by_name = {f.implementation: f for f in rows}
-        for f in rows:
-            print(format_row(FIGURE_COLUMNS, _TableRow(f, by_name.get("oracle"), by_name["torch_impl"])), flush=True)
+    cases = [(r, q) for r in counts for q in queries]
+    done = 0
+    try:
+        for index, (requests, q) in enumerate(cases):
+            plan: dict[str, int] = {}
+            if not args.no_oracle:
+                plan["oracle"] = 1
+            plan["host_impl"] = args.repeats
+            plan["torch_impl"] = args.repeats
+            if triton.version is not None and (not interpreted or index == 0):
+                plan["triton_impl"] = args.repeats if not interpreted else 1
+            case = CacheOpsCase(requests, context=args.context, queries=q)
+            rows = bench_case(case, backend, plan)
+            figures.extend(rows)
+            done += 1
+            by_name = {f.implementation: f for f in rows}
+            for f in rows:
+                print(format_row(FIGURE_COLUMNS, _TableRow(f, by_name.get("oracle"), by_name["torch_impl"])),
+                      flush=True)
+    except KeyboardInterrupt as exc:
+        raise _keep_measured(args.json, device, figures, f"interrupted ({exc or 'SIGINT'}) after {done} of "
+                             f"{len(cases)} cases", str(exc) or "SIGINT", done) from None
     if args.json:
-        payload = [dict(dataclasses.asdict(f), step_s=f.step_s, bytes_copied=f.bytes_copied) for f in figures]
-        load = list(os.getloadavg()) if os.name == "posix" else None
-        write_json(args.json, {"device": str(device), "torch": torch.__version__, "load_average": load,
-                               "figures": payload})
+        write_json(args.json, _document(device, figures))
     return 0 if all(f.matches_torch for f in figures) else 1
+
+
+def _document(device: torch.device, figures: list[CacheOpsFigure], incomplete: str | None = None) -> dict[str, Any]:
+    """The ``--json`` document; an interrupted run's says ``"incomplete": true`` and why."""
+    payload = [dict(dataclasses.asdict(f), step_s=f.step_s, bytes_copied=f.bytes_copied) for f in figures]
+    load = list(os.getloadavg()) if os.name == "posix" else None
+    doc: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "load_average": load,
+                           "figures": payload}
+    if incomplete is not None:
+        doc.update(incomplete=True, incomplete_reason=incomplete)
+    return doc
+
+
+def _keep_measured(json_path: str | None, device: torch.device, figures: list[CacheOpsFigure], why: str,
+                   how: str, done: int) -> InterruptedWithFigures:
+    """Write the cases measured before an interrupt to ``--json`` (marked incomplete); the interrupt to raise."""
+    if not figures:
+        return InterruptedWithFigures(how, "no case had finished; no --json file was written")
+    if json_path is None:
+        return InterruptedWithFigures(how, f"the {done} case(s) measured so far are printed above (no --json asked)")
+    write_json(json_path, _document(device, figures, incomplete=why))
+    return InterruptedWithFigures(how, f"the {done} case(s) measured so far are in {json_path}, marked incomplete")

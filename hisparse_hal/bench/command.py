@@ -5,29 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
-
-from ..registry import get_backend
-from .table import write_json
+from .options import add_options
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``hisparse-hal bench`` (every mode)."""
-    from . import cache_ops, pinning
-
-    parser.add_argument("--backend", default=None, help="backend name (strict); default: the selected one")
-    parser.add_argument("--swap-mib", type=int, default=64, help="bytes per swap case, in MiB (default 64)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per path (median reported)")
-    parser.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
-    parser.add_argument("--plot", default=None, metavar="FILE.png",
-                        help="also draw swap GB/s against block size (needs the [plot] extra: matplotlib)")
-    parser.add_argument("--submission", action="store_true",
-                        help="instead: host cost from swap_blocks_batch to the vendor batch call, through the "
-                        "SIMULATED CUDA driver and HIP runtime of a source checkout, beside plain Python marshalling")
-    cache_ops.add_arguments(parser)
-    pinning.add_arguments(parser)
+    """Options of ``hisparse-hal bench`` (every mode; defined in :mod:`.options`, which imports no torch)."""
+    add_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +33,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_swaps(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..registry import get_backend
     from . import swaps as bench
+    from .table import write_json
 
     backend = get_backend(args.backend)
     with bench.side_stream(backend.device):

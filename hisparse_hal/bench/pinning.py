@@ -15,11 +15,10 @@ import time
 import torch
 
 from ..host_registration import CHUNK_ENV
+from .options import add_pinning_options
 
 __all__ = ["PinFigures", "add_arguments", "measure", "run"]
 
-#: The chunk caps timed by default: 4 KiB, 64 KiB and 2 MiB.
-DEFAULT_CHUNKS = (4 << 10, 64 << 10, 2 << 20)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +34,8 @@ class PinFigures:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``bench --pinning``."""
-    parser.add_argument("--pinning", action="store_true",
-                        help="instead: time pin_tensor and unpin_tensor of one host pool at several chunk sizes")
-    parser.add_argument("--pin-mib", type=int, default=1024, help="pool size for --pinning, in MiB (default 1024)")
-    parser.add_argument("--pin-chunks", default=",".join(str(c) for c in DEFAULT_CHUNKS),
-                        help="comma-separated chunk caps in bytes for --pinning (default 4096,65536,2097152)")
+    """Options of ``bench --pinning`` (:func:`.options.add_pinning_options`)."""
+    add_pinning_options(parser)
 
 
 def measure(pool: torch.Tensor, chunk_bytes: int) -> PinFigures:

@@ -7,7 +7,16 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["Column", "format_header", "format_row", "format_table", "write_json"]
+__all__ = ["Column", "format_header", "format_row", "format_table", "write_json", "InterruptedWithFigures"]
+
+
+class InterruptedWithFigures(KeyboardInterrupt):
+    """An interrupt of a benchmark that kept what it had measured; ``kept`` says where, for the command's one
+    line (``str()`` is the signal's name, as for a plain interrupt)."""
+
+    def __init__(self, how: str, kept: str) -> None:
+        super().__init__(how)
+        self.kept = kept
 
 
 @dataclasses.dataclass(frozen=True)

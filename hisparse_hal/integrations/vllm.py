@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from hisparse_hal.errors import BackendUnavailableError, HalError, InvalidArgumentError, UnsupportedCapabilityError
+from hisparse_hal.settings import name_setting
 
 __all__ = [
     "BACKEND_ENV",
@@ -141,7 +142,7 @@ def requested_backend(environ: Any = None) -> str | None:
     Raises:
         BackendUnavailableError: it names no backend vLLM can use (see :func:`adapter_qualname`).
     """
-    value = (os.environ if environ is None else environ).get(BACKEND_ENV, "").strip() or None
+    value = name_setting(BACKEND_ENV, environ)
     if value is not None:
         adapter_qualname(value)
     return value

@@ -4,14 +4,20 @@ the values themselves are checked by :class:`~hisparse_hal.scenario.config.Scena
 
 from __future__ import annotations
 
+import argparse
+
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.memory_budget import check_fits
 from hisparse_hal.output_checks import writable_file
 
-from .config import ScenarioConfig
+from .config import ConfigFieldError, FaultPlan, ScenarioConfig
 from .pool import CONTROL_BYTES, MAX_RANKS
 
-__all__ = ["validate", "RANK_BYTES", "bytes_needed"]
+__all__ = ["validate", "RANK_BYTES", "bytes_needed", "config_from_options", "OPTION_OF_FIELD"]
+
+#: The ``scenario`` option that sets each :class:`ScenarioConfig` field, for the command's errors.
+OPTION_OF_FIELD = {"ranks": "--ranks", "steps": "--steps", "sync": "--sync", "timeout_s": "--timeout",
+                   "host_chunk_bytes": "--host-chunk-bytes", "kill": "--kill"}
 
 #: Resident memory of one rank: an interpreter with torch and the backend imported (about 160 MB measured on
 #: CPU, 64 ranks used about 10 GB), rounded up.
@@ -38,3 +44,20 @@ def validate(config: ScenarioConfig, json_path: str | None = None) -> None:
     check_fits(bytes_needed(config), f"scenario --ranks {config.ranks} (about {RANK_BYTES >> 20} MiB per rank)")
     if json_path:
         writable_file(json_path, "--json")
+
+
+def config_from_options(args: argparse.Namespace) -> ScenarioConfig:
+    """The run's :class:`ScenarioConfig` from the ``scenario`` options.
+
+    Raises:
+        InvalidArgumentError: a bad value, named by its option (``--timeout``, ``--kill 5:10``), not its field.
+    """
+    kill = FaultPlan(*args.kill) if args.kill else None
+    try:
+        return ScenarioConfig(ranks=args.ranks, steps=args.steps, backend=args.backend, sync=args.sync,
+                              timeout_s=args.timeout, host_chunk_bytes=args.host_chunk_bytes, kill=kill)
+    except ConfigFieldError as exc:
+        option = OPTION_OF_FIELD.get(exc.field, exc.field)
+        if kill is not None and exc.field == "kill":
+            option = f"--kill {kill.rank}:{kill.step}"
+        raise InvalidArgumentError(f"{option} {exc.problem}") from None

@@ -14,12 +14,22 @@ from hisparse_hal.capabilities import Capabilities
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 from hisparse_hal.events import check_timeout_s
 
-__all__ = ["FaultPlan", "ScenarioConfig", "SyncChoice", "choose_sync", "ROW_BYTES"]
+__all__ = ["FaultPlan", "ScenarioConfig", "ConfigFieldError", "SyncChoice", "choose_sync", "ROW_BYTES"]
 
 #: Bytes of one KV row: the 656-byte ``fp8_ds_mla`` row (512 B NoPE + 16 B scales + 128 B RoPE).
 ROW_BYTES = 656
 
 SyncPath = Literal["events", "barrier"]
+
+
+class ConfigFieldError(InvalidArgumentError):
+    """A bad :class:`ScenarioConfig` field. ``field`` and ``problem`` let a command name its own option
+    (``--timeout`` for ``timeout_s``) instead of the field; the message names the field."""
+
+    def __init__(self, field: str, problem: str, subject: str | None = None) -> None:
+        super().__init__(f"{subject or f'scenario {field}'} {problem}")
+        self.field = field
+        self.problem = problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +83,9 @@ class ScenarioConfig:
                             ("rows_per_block", 1), ("slots", 2)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise InvalidArgumentError(f"scenario {name} must be an int >= {least}, got {value!r}")
+                raise ConfigFieldError(name, f"must be an int >= {least}, got {value!r}")
         if self.steps >= 2**31:
-            raise InvalidArgumentError(
-                f"scenario steps must be below 2**31 (rows carry the step as int32), got {self.steps}"
-            )
+            raise ConfigFieldError("steps", f"must be below 2**31 (rows carry the step as int32), got {self.steps}")
         if self.rows_per_block > self.block_size:
             raise InvalidArgumentError(
                 f"rows_per_block ({self.rows_per_block}) cannot exceed block_size ({self.block_size})"
@@ -87,14 +95,22 @@ class ScenarioConfig:
             raise InvalidArgumentError(f"threads_per_rank must be None or an int >= 1, got {self.threads_per_rank!r}")
         if self.sync not in ("auto", "events", "barrier"):
             raise InvalidArgumentError(f"scenario sync must be 'auto', 'events' or 'barrier', got {self.sync!r}")
-        if self.timeout_s is not None and check_timeout_s(self.timeout_s, "scenario timeout_s") >= 1e6:
-            raise InvalidArgumentError(f"scenario timeout_s must be under 1e6 seconds, got {self.timeout_s!r}")
+        if self.timeout_s is not None:
+            try:
+                seconds = check_timeout_s(self.timeout_s, "scenario timeout_s")
+            except InvalidArgumentError as exc:
+                problem = str(exc).removeprefix("scenario timeout_s ")
+                raise ConfigFieldError("timeout_s", problem) from None
+            if seconds >= 1e6:
+                raise ConfigFieldError("timeout_s", f"must be under 1e6 seconds, got {self.timeout_s!r}")
         chunk = self.host_chunk_bytes
         if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
-            raise InvalidArgumentError(f"host_chunk_bytes must be a positive int, got {self.host_chunk_bytes!r}")
+            raise ConfigFieldError("host_chunk_bytes", f"must be a positive int, got {self.host_chunk_bytes!r}",
+                                   subject="host_chunk_bytes")
         if self.kill is not None and not (0 <= self.kill.rank < self.ranks and 0 <= self.kill.step < self.steps):
-            raise InvalidArgumentError(
-                f"fault {self.kill} names a rank outside [0, {self.ranks}) or a step outside [0, {self.steps})"
+            raise ConfigFieldError(
+                "kill", f"names a rank outside [0, {self.ranks}) or a step outside [0, {self.steps})",
+                subject=f"fault {self.kill}",
             )
 
     @property

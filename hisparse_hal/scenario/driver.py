@@ -113,7 +113,7 @@ class ScenarioResult:
 
     @property
     def steps_per_s(self) -> float:
-        """Steps per second of rank 0's step loop (0 when it did not finish)."""
+        """Steps per second of rank 0's step loop, also when it stopped early (0 when it never ran)."""
         loop = self.ranks[0].loop_s
         return self.ranks[0].steps_done / loop if loop else 0.0
 

@@ -122,6 +122,7 @@ def _run_rank(rank: int, config: ScenarioConfig, pool_path: str, port: int, outc
     sync: Any = None
     pinned = False
     ok = False
+    loop_start: float | None = None
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=config.ranks, timeout=barrier_timeout(timeout_s))
@@ -152,6 +153,8 @@ def _run_rank(rank: int, config: ScenarioConfig, pool_path: str, port: int, outc
             sync.notice_lost()
         raise
     finally:
+        if loop_start is not None and outcome.get("loop_s") is None:  # a loop a lost peer ended: its time too
+            outcome["loop_s"] = time.perf_counter() - loop_start
         if sync is not None:
             sync.close()
         if pinned:

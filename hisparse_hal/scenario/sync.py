@@ -42,7 +42,8 @@ def lost_rank_error(pool: SharedPool, lost: int, doing: str, reported_by: int | 
     via = f" (reported by rank {reported_by})" if reported_by is not None and reported_by != pool.rank else ""
     return PeerLostError(
         f"rank {lost} (pid {pool.pid_of(lost)}) exited{via} while rank {pool.rank} was {doing}; the run cannot "
-        "continue. Nothing of this rank stays pinned; see the lost rank's own log for why it died",
+        "continue. Nothing of this rank stays pinned; why it died: its exit status in the run's result, and its "
+        "own messages on the stderr every rank shares with the process that started the run",
         pid=pool.pid_of(lost), rank=lost,
     )
 

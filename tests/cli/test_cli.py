@@ -139,7 +139,19 @@ def test_an_unknown_backend_is_a_usage_error_in_info_as_everywhere():
 
 def test_info_json_fails_like_info_when_no_backend_can_be_chosen():
     done = _run("info", "--json", env={"HISPARSE_HAL_BACKEND": "cuda"})
-    assert done.returncode == 1 and json.loads(done.stdout)["chosen"] is None
+    assert done.returncode == 2 and json.loads(done.stdout)["chosen"] is None
+
+
+@pytest.mark.parametrize("how", [["--backend", "cuda"], []])
+def test_info_with_an_unavailable_named_backend_exits_2_like_every_command(how):
+    done = _run("info", *how, env={} if how else {"HISPARSE_HAL_BACKEND": "CUDA"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "chosen: none" in done.stdout and "hint: install a build of torch for 'cuda'" in done.stdout
+
+
+def test_info_exit_statuses_are_in_the_help():
+    text = " ".join(_run("--help").stdout.split())
+    assert "info prints its table in every case and exits 2 when the backend named by --backend or" in text
 
 
 def test_info_shows_the_cache_ops_choice():
@@ -189,3 +201,47 @@ def test_kernels_reports_progress_off_a_terminal(capsys):
 def test_an_unknown_hisparse_variable_is_named_in_a_warning():
     done = _run("--debug", "bench", "--repeats", "0", env={"HISPARSE_HAL_BAKEND": "cpu"})
     assert "warning: HISPARSE_HAL_BAKEND is set but hisparse-hal reads no such variable" in done.stderr
+
+
+@pytest.mark.parametrize(("name", "value", "default"), [
+    ("HISPARSE_HAL_PIN_CHUNK_BYTES", "abc", "256 GiB"),
+    ("HISPARSE_HAL_PIN_CHUNK_BYTES", "0", "256 GiB"),
+    ("HISPARSE_HAL_CUDA_MAX_BATCH", "-1", "8192"),
+])
+def test_a_bad_number_setting_names_the_real_default(name, value, default):
+    from hisparse_hal.environment_check import check_environment
+
+    with pytest.raises(InvalidArgumentError) as caught:
+        check_environment({name: value})
+    assert str(caught.value).endswith(f"got {value!r}; unset it for the default ({default})")
+
+
+def test_every_name_setting_is_read_case_insensitively(monkeypatch):
+    from hisparse_hal.cache_ops.selection import implementation_for
+    from hisparse_hal.integrations.vllm import requested_backend
+    from hisparse_hal.registry import select_backend
+
+    monkeypatch.setenv("HISPARSE_HAL_BACKEND", " CPU ")
+    monkeypatch.setenv("HISPARSE_HAL_CACHE_OPS", "HOST")
+    selection = select_backend()
+    assert selection.chosen is not None and selection.chosen.name == "cpu"
+    assert "HISPARSE_HAL_BACKEND='cpu'" in selection.explanation
+    assert implementation_for("cpu").implementation == "host"
+    assert requested_backend({"HISPARSE_HAL_VLLM_BACKEND": "Cpu"}) == "cpu"
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--ranks", "1"], "--ranks must be an int >= 2, got 1"),
+    (["--steps", "0"], "--steps must be an int >= 1, got 0"),
+    (["--kill", "5:10"], "--kill 5:10 names a rank outside [0, 2) or a step outside [0, 1000)"),
+    (["--timeout", "0"], "--timeout must be a positive, finite number of seconds, got 0.0"),
+    (["--timeout", "nan"], "--timeout must be a positive, finite number of seconds, got nan"),
+    (["--timeout", "2e6"], "--timeout must be under 1e6 seconds, got 2000000.0"),
+    (["--host-chunk-bytes", "0"], "--host-chunk-bytes must be a positive int, got 0"),
+])
+def test_scenario_errors_name_the_option_not_the_field(args, line, capsys):
+    from hisparse_hal import cli
+
+    assert cli.main(["scenario", "--backend", "cpu", *args]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.splitlines() == ["hisparse-hal scenario: " + line]

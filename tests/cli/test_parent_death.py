@@ -77,7 +77,7 @@ def _next_run_sweeps(leftovers: list[str]) -> None:
     still = [path for path in leftovers if os.path.exists(path)]
     assert still == [], f"the next run did not remove {still}\n{done.stderr[-2000:]}"
     for path in leftovers:
-        said = f"removed {path}, left in shared memory by a run that was killed" in done.stderr
+        said = f"removed {path}, left in shared memory by an exited process" in done.stderr
         if os.path.basename(path).startswith("hisparse-hal-pool-") and not said:
             # /dev/shm is shared by the xdist workers: a scenario run of the other worker may have swept it first.
             assert os.environ.get("PYTEST_XDIST_WORKER"), f"the next run removed {path} without saying so"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -145,3 +146,13 @@ def test_an_interrupt_while_a_rank_starts_is_delivered_once_the_rank_is_recorded
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+@pytest.mark.timeout(300)
+def test_a_kill_run_prints_rank_0s_real_rate_and_where_the_lost_ranks_messages_are():
+    done = _cli("--ranks", "2", "--steps", "60", "--backend", "cpu", "--kill", "1:20", "--timeout", "20")
+    assert done.returncode == 1, done.stdout + done.stderr
+    rate = re.search(r"; ([0-9.]+) steps/s \(rank 0's step loop\);", done.stdout)
+    assert rate is not None and float(rate.group(1)) > 0, done.stdout
+    assert "PeerLostError" in done.stdout and "stderr every rank shares with the process that started" in done.stdout
+    assert "scenario fault: rank 1 kills itself at step 20" in done.stderr

@@ -74,6 +74,7 @@ def batch_cap_from_env(environ: Mapping[str, str] | None = None) -> int | None:
         lambda text: int(text, 10),
         "a positive integer number of descriptors per batch call",
         environ,
+        default_text=str(DEFAULT_MAX_BATCH),
     )
 
 
