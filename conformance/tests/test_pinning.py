@@ -33,6 +33,7 @@ def _assert_not_pinned(backend, tensor: torch.Tensor) -> None:
     assert not _regions_touching(backend, address, size), "a swap region over the tensor remains"
 
 
+@pytest.mark.hal_extension
 def test_pin_and_unpin_round_trip(backend):
     arena = _host(64 * PAGE)
     tensor = arena.inner.view(64, PAGE)
@@ -67,6 +68,7 @@ def test_pinned_tensor_keeps_its_contents(backend):
     arena.assert_canaries_intact()
 
 
+@pytest.mark.hal_extension
 def test_pin_of_an_already_pinned_tensor_is_rejected_and_changes_nothing(backend):
     arena = _host(8 * PAGE)
     backend.pin_tensor(arena.inner)
@@ -83,6 +85,7 @@ def test_pin_of_an_already_pinned_tensor_is_rejected_and_changes_nothing(backend
         backend.unpin_tensor(arena.inner)  # the double pin must not have left a second registration
 
 
+@pytest.mark.hal_extension
 def test_pin_of_a_tensor_overlapping_a_pinned_one_is_rejected(backend):
     arena = _host(8 * PAGE)
     backend.pin_tensor(arena.inner[: 4 * PAGE])
@@ -100,6 +103,7 @@ def test_unpin_of_a_tensor_never_pinned_is_rejected(backend):
         backend.unpin_tensor(tensor)
 
 
+@pytest.mark.hal_extension
 def test_unpin_of_a_view_of_a_pinned_tensor_is_rejected_and_keeps_the_pin(backend):
     arena = _host(8 * PAGE)
     backend.pin_tensor(arena.inner)
@@ -111,6 +115,7 @@ def test_unpin_of_a_view_of_a_pinned_tensor_is_rejected_and_keeps_the_pin(backen
         backend.unpin_tensor(arena.inner)
 
 
+@pytest.mark.hal_extension
 @pytest.mark.parametrize(
     "make,match",
     [
@@ -137,6 +142,7 @@ def test_pin_of_a_device_tensor_is_rejected(backend):
         backend.pin_tensor(tensor)
 
 
+@pytest.mark.hal_extension
 def test_registration_records_a_device_alias_exactly_when_the_backend_needs_one(backend, capabilities):
     arena = _host(4 * PAGE)
     backend.pin_tensor(arena.inner)
@@ -156,6 +162,7 @@ def test_registration_records_a_device_alias_exactly_when_the_backend_needs_one(
 
 
 # ------------------------------------------------------------------------------------------ chunks
+@pytest.mark.hal_extension
 def test_pin_registers_in_chunks_that_end_on_page_and_block_boundaries(backend, monkeypatch):
     block, blocks = 3 * PAGE // 2, 40  # a block of one and a half pages: chunk ends need both boundaries
     monkeypatch.setattr(backend, "host_chunk_bytes", 7 * PAGE)
@@ -178,6 +185,7 @@ def test_pin_registers_in_chunks_that_end_on_page_and_block_boundaries(backend, 
     _assert_not_pinned(backend, tensor)
 
 
+@pytest.mark.hal_extension
 def test_swaps_reach_every_block_of_a_chunked_pool(backend, memory, monkeypatch):
     block, blocks = 3 * PAGE // 2, 24
     monkeypatch.setattr(backend, "host_chunk_bytes", 5 * PAGE)
@@ -196,6 +204,7 @@ def test_swaps_reach_every_block_of_a_chunked_pool(backend, memory, monkeypatch)
     plan.assert_matches(expected)
 
 
+@pytest.mark.hal_extension
 def test_swap_spanning_two_registration_chunks_is_rejected(backend, memory, monkeypatch):
     """One descriptor must not span two host registrations (the batch copy rejects it; vendor-facts.md)."""
     block, blocks = PAGE, 8
@@ -236,6 +245,7 @@ class _ChunkFault:
         self._unregister(address, size)
 
 
+@pytest.mark.hal_extension
 @pytest.mark.parametrize("fail_at", [0, 1, 3])
 def test_pin_rolls_back_every_registered_chunk_when_one_fails(backend, monkeypatch, fail_at):
     block, blocks = PAGE, 16
@@ -263,6 +273,7 @@ def test_pin_rolls_back_every_registered_chunk_when_one_fails(backend, monkeypat
     _assert_not_pinned(backend, tensor)
 
 
+@pytest.mark.hal_extension
 def test_unpin_releases_every_chunk_in_reverse_order(backend, monkeypatch):
     block, blocks = PAGE, 12
     monkeypatch.setattr(backend, "host_chunk_bytes", 4 * PAGE)
