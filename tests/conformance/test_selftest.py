@@ -46,8 +46,8 @@ def _tail(done: subprocess.CompletedProcess) -> str:
 #: The CPU run of the whole suite, in parts that each stay well under pytest-timeout's limit on a loaded
 #: machine: (the test modules' -k expression, the areas it covers).
 SUITE_PARTS = {
-    "probe-stats-config-pinning": ("test_probe or test_stats or test_config or test_pinning",
-                                   ("probe", "stats", "config", "pinning")),
+    "probe-stats-config-pinning": ("test_probe or test_surface or test_stats or test_config or test_pinning",
+                                   ("probe", "surface", "stats", "config", "pinning")),
     "swaps-gathers": ("test_swaps or test_gathers", ("swaps", "gathers")),
     "capture-cache_ops": ("test_capture or test_cache_ops", ("capture", "cache_ops")),
     "ipc": ("test_ipc", ("ipc",)),
