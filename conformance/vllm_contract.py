@@ -283,48 +283,61 @@ def _overrides(klass: type, member: str) -> bool:
     return inspect.getattr_static(klass, member, None) is not inspect.getattr_static(base, member, None)
 
 
-#: How long the spawned importer of the IPC probe may take (it imports torch, vLLM and the class).
+#: How long the child importer of the IPC probe may take (it imports torch, vLLM and the class).
 IPC_PROBE_TIMEOUT_S = 180.0
+#: Where a process that probed IPC events leaves the outcome for the processes it starts (xdist workers, IPC peers),
+#: so that each probes at most once per run: ``{"qualname", "works", "why"}`` as JSON. Internal to the suite.
+IPC_PROBE_MEMO = "HISPARSE_HAL_CONFORMANCE_IPC_PROBE"
 
-
-def _import_in_child(qualname: str, handle: Any, conn: Any) -> None:
-    """Spawned: build the class as vLLM does and import ``handle``; send None or the error."""
-    try:
-        view = view_of(qualname)
-        view.import_event(view.device, handle)
-        conn.send(None)
-    except BaseException as exc:  # noqa: BLE001 - sent to the prober
-        conn.send(f"import_event in another process: {type(exc).__name__}: {exc}")
-    finally:
-        conn.close()
+_IMPORTER = """
+import pickle, sys
+from hisparse_hal.conformance.vllm_contract import view_of
+qualname, handle = pickle.load(sys.stdin.buffer)
+view = view_of(qualname)
+view.import_event(view.device, handle)
+"""
 
 
 def _import_elsewhere(qualname: str, handle: Any) -> str | None:
-    """Import ``handle`` in a spawned process (an IPC event is imported by another process, as vLLM's ranks do,
+    """Import ``handle`` in a child process (an IPC event is imported by another process, as vLLM's ranks do,
     ``worker.py:172-183``); None when it worked, else why not."""
-    import multiprocessing
+    import pickle
+    import subprocess
 
-    context = multiprocessing.get_context("spawn")
-    parent, child = context.Pipe()
-    process = context.Process(target=_import_in_child, args=(qualname, handle, child), daemon=True,
-                              name="hisparse-conformance-ipc-probe")
+    from hisparse_hal.python_child import python_command, python_environment
+
     try:
-        process.start()
-        child.close()
-        if not parent.poll(IPC_PROBE_TIMEOUT_S):
-            return f"import_event in another process gave no answer within {IPC_PROBE_TIMEOUT_S:.0f} s"
-        answer: str | None = parent.recv()
-        return answer
-    except (EOFError, OSError) as exc:
-        return f"import_event in another process: the process ended without an answer ({exc!r})"
-    finally:
-        process.kill()
-        process.join(10)
-        parent.close()
+        payload = pickle.dumps((qualname, handle))
+    except Exception as exc:  # noqa: BLE001 - an unpicklable handle cannot reach another rank
+        return f"export_event's handle cannot be pickled: {type(exc).__name__}: {exc}"
+    try:
+        done = subprocess.run(python_command(code=_IMPORTER), input=payload, capture_output=True,
+                              env=python_environment(), timeout=IPC_PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"import_event in another process gave no answer within {IPC_PROBE_TIMEOUT_S:.0f} s"
+    if done.returncode != 0:
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["(no output)"])[-1]
+        return f"import_event in another process failed: {last}"
+    return None
 
 
 def _probe_ipc(view: VllmContractView) -> tuple[bool, str]:
-    """Create and export one event here, import it in a spawned process; whether it all worked, and what failed."""
+    """Create and export one event here, import it in a child process; whether it all worked, and what failed.
+
+    Once per run: the outcome is left in :data:`IPC_PROBE_MEMO` for the processes this one starts.
+    """
+    import json
+    import os
+
+    memo = json.loads(os.environ.get(IPC_PROBE_MEMO, "{}") or "{}")
+    if memo.get("qualname") == view.qualname:
+        return bool(memo["works"]), str(memo["why"])
+    works, why = _probe_ipc_once(view)
+    os.environ[IPC_PROBE_MEMO] = json.dumps({"qualname": view.qualname, "works": works, "why": why})
+    return works, why
+
+
+def _probe_ipc_once(view: VllmContractView) -> tuple[bool, str]:
     try:
         event = view.create_ipc_event()
         handle = view.export_event(event)
@@ -333,7 +346,7 @@ def _probe_ipc(view: VllmContractView) -> tuple[bool, str]:
     failed = _import_elsewhere(view.qualname, handle)
     if failed is not None:
         return False, failed
-    return True, "create_ipc_event and export_event worked here, import_event in a spawned process"
+    return True, "create_ipc_event and export_event worked here, import_event in a child process"
 
 
 def _probe_kv_formats(view: VllmContractView) -> frozenset[str]:
