@@ -287,7 +287,7 @@ def _overrides(klass: type, member: str) -> bool:
 IPC_PROBE_TIMEOUT_S = 180.0
 #: Where a process that probed IPC events leaves the outcome for the processes it starts (xdist workers, IPC peers),
 #: so that each probes at most once per run: ``{"qualname", "works", "why"}`` as JSON. Internal to the suite.
-IPC_PROBE_MEMO = "HISPARSE_HAL_CONFORMANCE_IPC_PROBE"
+IPC_PROBE_MEMO = "_CONFORMANCE_VLLM_IPC_PROBE"
 
 _IMPORTER = """
 import pickle, sys

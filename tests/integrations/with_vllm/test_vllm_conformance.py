@@ -132,7 +132,8 @@ def test_capabilities_come_from_the_class_and_probes_not_from_hisparse_hals():
 
 @pytest.mark.parametrize(("qualname", "message"), [
     ("hisparse_hal.integrations", r"--vllm-backend must look like 'package.module:Class'"),
-    ("hisparse_hal.integrations.vllm_backend:ADAPTERS", r"is a dict, not a class"),
+    ("hisparse_hal.integrations.vllm_backend:ADAPTERS", r"is not callable \(dict\)"),
+    ("hisparse_hal.conformance.vllm_contract:accelerator_device", r"is a function, not a class"),
     ("collections:OrderedDict", r"lacks vLLM 0.34.0 HiSparseBackend member\(s\) supports_shared_host_pool, "),
     ("hisparse_hal.nowhere:Backend", r"cannot import 'hisparse_hal.nowhere'"),
 ])
