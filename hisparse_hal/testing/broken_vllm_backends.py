@@ -76,7 +76,7 @@ class StatsDtypeIsNot64Bit(CpuHiSparseBackend):
     """Stats: ``stats_dtype`` claims int32 while the counters the ops write are 64-bit."""
 
     @property
-    def stats_dtype(self) -> torch.dtype:  # type: ignore[override]
+    def stats_dtype(self) -> torch.dtype:  # type: ignore[override, unused-ignore]
         return torch.int32
 
 

@@ -15,8 +15,10 @@ from hisparse_hal.conformance.recipe import BackendRecipe
 from hisparse_hal.conformance.resolved_run import ResolvedRun
 from hisparse_hal.errors import InvalidArgumentError
 
-no_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
-                             reason="vLLM is installed; tests/integrations/with_vllm/test_vllm_conformance.py covers it")
+no_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None,
+    reason="vLLM is installed; tests/integrations/with_vllm/test_vllm_conformance.py covers it",
+)
 
 
 @no_vllm
