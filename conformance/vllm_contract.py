@@ -21,7 +21,8 @@ from hisparse_hal.capabilities import KV_FORMATS, Capabilities
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 
 __all__ = ["VLLM_MEMBERS", "VLLM_OP_NAMES", "VllmOpNames", "VLLM_ATTRIBUTES", "VLLM_METHOD_PARAMETERS",
-           "VllmContractView", "accelerator_device", "check_vllm_class", "load_vllm_class", "suite_runtime", "view_of"]
+           "VllmContractView", "StreamEvent", "accelerator_device", "check_vllm_class", "load_vllm_class",
+           "suite_runtime", "view_of"]
 
 VLLM_VERSION = "0.34.0"
 #: vLLM 0.34.0's two class attributes (backend.py:21-22).
@@ -160,6 +161,28 @@ class VllmOpNames:
         return call
 
 
+class StreamEvent:
+    """An IPC event used as vLLM uses it where there is an accelerator: recorded on, and waited for by,
+    ``torch.accelerator.current_stream()`` (``worker.py:172-183, 419, 620``); everything else is the event's own."""
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+
+    def record(self, stream: Any = None) -> None:
+        self.event.record(stream if stream is not None else current_stream())
+
+    def wait(self, stream: Any = None) -> None:
+        (stream if stream is not None else current_stream()).wait_event(self.event)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.event, name)
+
+
+def _own_event(event: Any) -> Any:
+    """The instance's event behind a :class:`StreamEvent`."""
+    return event.event if isinstance(event, StreamEvent) else event
+
+
 class _CapturedGraph:
     """What :meth:`VllmContractView.capture` yields: ``replay()`` runs the captured work."""
 
@@ -223,13 +246,17 @@ class VllmContractView:
         self.impl.prepare_kv_cache_views(kv_cache_config, kv_caches, forward_context)
 
     def create_ipc_event(self) -> Any:
-        return self.impl.create_ipc_event()
+        """The instance's event; where there is an accelerator, used on its current stream (:class:`StreamEvent`)."""
+        return self._as_vllm_uses(self.impl.create_ipc_event())
 
     def export_event(self, event: Any) -> Any:
-        return self.impl.export_event(event)
+        return self.impl.export_event(_own_event(event))
 
     def import_event(self, device: torch.device, handle: Any) -> Any:
-        return self.impl.import_event(device, handle)
+        return self._as_vllm_uses(self.impl.import_event(device, handle))
+
+    def _as_vllm_uses(self, event: Any) -> Any:
+        return StreamEvent(event) if self.device.type != "cpu" else event
 
     def gather_resident_rows(self, source: torch.Tensor, destination: torch.Tensor, row_ids: torch.Tensor) -> None:
         self.impl.gather_resident_rows(source, destination, row_ids)

@@ -7,12 +7,15 @@ import importlib.util
 import pickle
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from hisparse_hal.conformance.contracts import HAL_CONTRACT
 from hisparse_hal.conformance.recipe import BackendRecipe
 from hisparse_hal.conformance.resolved_run import ResolvedRun
+from hisparse_hal.conformance.vllm_contract import StreamEvent, VllmOpNames, suite_runtime
 from hisparse_hal.errors import InvalidArgumentError
 
 no_vllm = pytest.mark.skipif(
@@ -70,3 +73,32 @@ def test_a_registry_run_tests_the_hisparse_hal_contract_and_old_run_files_read_a
     assert ResolvedRun.from_json(doc).contract == HAL_CONTRACT.id
     factory = ResolvedRun.resolve(factory="hisparse_hal.vendors.cpu.backend:CpuBackend", expectations="none")
     assert factory.backend_under_test()["kind"] == "factory" and factory.contract == HAL_CONTRACT.id
+
+
+def test_the_suite_runtime_carries_what_vllm_sets_before_create_cache_ops():
+    runtime = suite_runtime(torch.device("cpu"))
+    for name in ("hot", "hot_backing", "hot_block_table", "_host_cache", "registered_host_pool", "index_group",
+                 "kv_dtype", "row_width", "device", "region_stride", "max_union_rows"):
+        assert hasattr(runtime, name), name
+    assert not hasattr(runtime, "request_state_indices")  # set later by vLLM (binding.py:158)
+    assert runtime.hot.data_ptr() == runtime.hot_backing.data_ptr()
+    assert runtime._host_cache.shape[1] == runtime.row_width
+
+
+def test_ops_seen_through_vllms_names_answer_only_those_four():
+    calls = []
+    ops = SimpleNamespace(hisparse_gather_plan=lambda *args: calls.append(args))
+    VllmOpNames(ops).gather_plan(1, 2, 3, 4, 5)
+    assert calls == [(1, 2, 3, 4, 5)]
+    with pytest.raises(AttributeError, match=r"'new_stats_counter' is not one of vLLM 0\.34\.0's cache ops"):
+        VllmOpNames(ops).new_stats_counter()
+
+
+def test_a_stream_event_records_and_waits_on_the_stream_it_is_given():
+    seen = []
+    event = SimpleNamespace(record=lambda stream: seen.append(("record", stream)), query=lambda: True)
+    stream = SimpleNamespace(wait_event=lambda e: seen.append(("wait", e)))
+    wrapped = StreamEvent(event)
+    wrapped.record(stream)
+    wrapped.wait(stream)
+    assert seen == [("record", stream), ("wait", event)] and wrapped.query() is True
