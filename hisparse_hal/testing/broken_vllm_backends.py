@@ -17,6 +17,7 @@ from hisparse_hal.integrations.vllm_backend import CpuHiSparseBackend
 __all__ = [
     "PLANTED",
     "UnpinRaisesValueError",
+    "UnpinKeepsThePin",
     "ResolveAcceptsTooManyArguments",
     "GatherMinusOneNotRowZero",
     "SwapCopiesOnlyFirstDescriptor",
@@ -35,6 +36,13 @@ class UnpinRaisesValueError(CpuHiSparseBackend):
             super().unpin_tensor(tensor)
         except RuntimeError as exc:
             raise ValueError(str(exc)) from None
+
+
+class UnpinKeepsThePin(CpuHiSparseBackend):
+    """Pinning: ``unpin_tensor`` returns without releasing the tensor, which stays a swap region (and pinned)."""
+
+    def unpin_tensor(self, tensor: torch.Tensor) -> None:
+        return None
 
 
 class _TooManyArguments:
@@ -133,6 +141,8 @@ class SwapBlocksBatchMissing(VllmHiSparseBackend):
 PLANTED: dict[str, tuple[str, tuple[str, ...], str]] = {
     "UnpinRaisesValueError": ("test_unpin_of_a_tensor_never_pinned",
                               ("test_pinning.py::test_unpin_of_a_tensor_never_pinned_is_rejected",), "RuntimeError"),
+    "UnpinKeepsThePin": ("test_pin_and_unpin_round_trip", ("test_pinning.py::test_pin_and_unpin_round_trip",),
+                         "still accepted"),
     "ResolveAcceptsTooManyArguments": ("test_op_refuses",
                                        ("test_surface.py::test_op_refuses_a_wrong_argument_count_and_writes_nothing"
                                         "[resolve_residency-one_too_many]",), "24 positional arguments"),
