@@ -33,7 +33,8 @@ ADAPTER = "hisparse_hal.integrations.vllm_backend:CpuHiSparseBackend"
 INDEPENDENT = "tests.integrations.with_vllm.independent_backend:IndependentCpuBackend"
 PLANTED_MODULE = "hisparse_hal.testing.broken_vllm_backends"
 #: Tests that use a member beyond vLLM's 14 (never collected for this contract).
-HAL_ONLY = ("test_pinning.py::test_pin_rolls_back_every_registered_chunk", "test_probe.py::test_the_backend_under_test_is_selected",
+HAL_ONLY = ("test_pinning.py::test_pin_rolls_back_every_registered_chunk",
+            "test_probe.py::test_the_backend_under_test_is_selected",
             "test_swaps.py::test_swap_into_an_explicitly_registered_region")
 
 
