@@ -4,7 +4,7 @@
 from probes, never from hisparse-hal's own.
 
 Measured on the shared 2-core development machine (HISPARSE_HAL_CACHE_OPS_SEQUENCES=16): a full run of a good class
-(216 tests) took 34-37 s (79 s beside other sessions' runs), each planted-bug ``-k`` subset 7-9 s, this file 142 s.
+(224 tests) took 25-37 s (79 s beside other sessions' runs), each planted-bug ``-k`` subset 7-9 s, this file 120-142 s.
 """
 
 from __future__ import annotations
