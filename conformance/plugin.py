@@ -96,6 +96,7 @@ class ConformanceState:
         self.config = config
         self.run = _resolved_run(config)
         self.recipe: BackendRecipe = self.run.recipe
+        self.contract = self.run.contract_info()
         self.strict = bool(config.getoption("hal_strict"))
         self.report_dir = config.getoption("hal_report")
         self._backend: Any = None
@@ -159,7 +160,7 @@ def _resolved_run(config: pytest.Config) -> ResolvedRun:
     if inherited:
         return ResolvedRun.from_json(inherited)
     return ResolvedRun.resolve(config.getoption("hal_backend"), config.getoption("hal_factory"),
-                               config.getoption("hal_expectations"))
+                               config.getoption("hal_expectations"), config.getoption("hal_vllm_backend"))
 
 
 def backend_facts(backend: Any) -> dict[str, Any]:
@@ -221,6 +222,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--hal-factory", default=None, metavar="MODULE:CALLABLE", help="build an unregistered backend by calling this"
     )
+    group.addoption("--hal-vllm-backend", default=None, metavar="MODULE:CLASS",
+                    help="test a class implementing vLLM 0.34.0's HiSparseBackend (contract vllm-0.34.0)")
     group.addoption(
         "--hal-expectations",
         default=None,
@@ -366,6 +369,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Probe tier first; expectations applied as strict xfail or skip marks; stale entries warned."""
     state = state_of(config)
+    _drop_tests_outside_the_contract(state, items)
     if state.resumed:  # a run resumed after a crash: the tests already recorded do not run again
         done = [item for item in items if suite_test_id(item.nodeid) in state.resumed]
         items[:] = [item for item in items if suite_test_id(item.nodeid) not in state.resumed]
@@ -389,6 +393,25 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     ]
     for text in state.unmatched:
         warnings.warn(UnmatchedExpectationWarning(f"expectation entry matches no test: {text}"), stacklevel=1)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> list[Any] | None:
+    """A test the run's contract excludes is not collected at all (the counts pytest prints leave it out)."""
+    marker = state_of(collector.config).contract.excludes_marker
+    if not marker or not callable(obj) or not name.startswith("test"):
+        return None
+    own = [m.name for m in getattr(obj, "pytestmark", [])]
+    if marker in own or collector.get_closest_marker(marker) is not None:
+        return []
+    return None
+
+
+def _drop_tests_outside_the_contract(state: ConformanceState, items: list[pytest.Item]) -> None:
+    """Remove the tests the run's contract excludes (not collected: neither deselected nor a partial run)."""
+    marker = state.contract.excludes_marker
+    if marker:
+        items[:] = [item for item in items if item.get_closest_marker(marker) is None]
 
 
 # ------------------------------------------------------------------------------------------ gating
@@ -585,7 +608,7 @@ def _document(state: ConformanceState, running: str | None = None,
         set(facts.get("architectures", [])) | set(backend_architectures({}, facts.get("probe", {})))
     )
     facts["duration_s"] = round(time.time() - state.started, 2)
-    backend = state.recipe.registry_name or str(state.recipe.factory)
+    backend = state.recipe.registry_name or str(state.recipe.factory or state.recipe.vllm_class)
     doc = build_results(
         SUITE_VERSION,
         backend,

@@ -1,7 +1,8 @@
 """A picklable recipe for constructing the backend under test, in this process or a spawned one.
 
-Invariant: a recipe holds only strings (a registry name or a ``module:callable`` factory), so every
-process of a conformance run (pytest workers, IPC peers) constructs the same backend from it.
+Invariant: a recipe holds only strings (a registry name, a ``module:callable`` factory, or the ``module:Class`` of a
+vLLM 0.34.0 ``HiSparseBackend``), so every process of a conformance run (pytest workers, IPC peers) constructs the
+same backend from it.
 """
 
 from __future__ import annotations
@@ -23,22 +24,30 @@ EXPECTATIONS_FILE = "expectations.toml"
 
 @dataclasses.dataclass(frozen=True)
 class BackendRecipe:
-    """How to build the backend under test: exactly one of a registry name or a factory.
+    """How to build the backend under test: exactly one of a registry name, a factory or a vLLM class.
 
     Attributes:
         registry_name: a name registered in ``hisparse_hal.backends`` (built through ``get_backend``).
         factory: ``"module:callable"`` returning a :class:`HiSparseBackend` (an unregistered backend).
+        vllm_class: ``"module:Class"`` implementing vLLM 0.34.0's ``HiSparseBackend``, built as vLLM builds it
+            and seen through :class:`~hisparse_hal.conformance.vllm_contract.VllmContractView`.
     """
 
     registry_name: str | None = None
     factory: str | None = None
+    vllm_class: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.registry_name is None) == (self.factory is None):
+        if sum(v is not None for v in (self.registry_name, self.factory, self.vllm_class)) != 1:
             raise InvalidArgumentError(
-                "a backend recipe needs exactly one of a registry name or a factory, got "
-                f"registry_name={self.registry_name!r}, factory={self.factory!r}"
+                "a backend recipe needs exactly one of a registry name, a factory or a vLLM class, got "
+                f"registry_name={self.registry_name!r}, factory={self.factory!r}, vllm_class={self.vllm_class!r}"
             )
+
+    @property
+    def kind(self) -> str:
+        """``"registry"``, ``"factory"`` or ``"vllm-class"`` (``backend_under_test.kind`` of the report)."""
+        return "registry" if self.registry_name else "factory" if self.factory else "vllm-class"
 
     @classmethod
     def resolve(cls, backend: str | None = None, factory: str | None = None) -> BackendRecipe:
@@ -60,16 +69,21 @@ class BackendRecipe:
         return cls(registry_name=chosen.name)
 
     def describe(self) -> str:
-        """A short human label: ``"cpu (registry)"`` or ``"pkg.mod:make (factory)"``."""
-        return f"{self.registry_name} (registry)" if self.registry_name else f"{self.factory} (factory)"
+        """A short human label: ``"cpu (registry)"``, ``"pkg.mod:make (factory)"`` or ``"pkg.mod:Cls (vllm-class)"``."""
+        return f"{self.registry_name or self.factory or self.vllm_class} ({self.kind})"
 
-    def build(self) -> HiSparseBackend:
-        """Construct the backend (registry backends are cached per process by ``get_backend``).
+    def build(self) -> Any:
+        """Construct the backend (registry backends are cached per process by ``get_backend``, vLLM classes by
+        :func:`~hisparse_hal.conformance.vllm_contract.view_of`, built once per process as vLLM does).
 
         Raises:
             BackendUnavailableError: a registry backend is unavailable.
-            InvalidArgumentError: the factory cannot be imported or returned no backend.
+            InvalidArgumentError: the factory cannot be imported or returned no backend; a bad vLLM class.
         """
+        if self.vllm_class is not None:
+            from .vllm_contract import view_of
+
+            return view_of(self.vllm_class)
         if self.registry_name is not None:
             return get_backend(self.registry_name)
         assert self.factory is not None
@@ -90,26 +104,27 @@ class BackendRecipe:
         return None
 
 
-def load_factory(target: str) -> Any:
-    """Import ``"module:attr.path"`` and return the attribute.
+def load_factory(target: str, what: str = "factory") -> Any:
+    """Import ``"module:attr.path"`` and return the attribute; ``what`` names the option in messages.
 
     Raises:
         InvalidArgumentError: malformed target, module not importable, or attribute missing.
     """
     module_name, sep, attr_path = target.partition(":")
     if not sep or not module_name or not attr_path:
-        raise InvalidArgumentError(f"factory must look like 'package.module:callable', got {target!r}")
+        shape = "package.module:Class" if what.startswith("--vllm") else "package.module:callable"
+        raise InvalidArgumentError(f"{what} must look like {shape!r}, got {target!r}")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise InvalidArgumentError(f"factory {target!r}: cannot import {module_name!r}: {exc}") from exc
+        raise InvalidArgumentError(f"{what} {target!r}: cannot import {module_name!r}: {exc}") from exc
     for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise InvalidArgumentError(f"factory {target!r}: {module_name!r} has no attribute {attr_path!r}") from None
+            raise InvalidArgumentError(f"{what} {target!r}: {module_name!r} has no attribute {attr_path!r}") from None
     if not callable(obj):
-        raise InvalidArgumentError(f"factory {target!r} is not callable ({type(obj).__name__})")
+        raise InvalidArgumentError(f"{what} {target!r} is not callable ({type(obj).__name__})")
     return obj
 
 

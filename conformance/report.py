@@ -42,10 +42,11 @@ __all__ = [
 ]
 
 #: Areas in tier order; a test's area is its module name without ``test_`` (``test_swaps.py`` -> swaps).
-AREAS = ("probe", "swaps", "gathers", "pinning", "config", "stats", "capture", "ipc", "cache_ops", "scenario",
-         "claims")
+AREAS = ("probe", "surface", "swaps", "gathers", "pinning", "config", "stats", "capture", "ipc", "cache_ops",
+         "scenario", "claims")
 AREA_TITLES = {
-    "probe": "Probe", "swaps": "Swaps", "gathers": "Gathers", "pinning": "Pinning", "config": "KV config and views",
+    "probe": "Probe", "surface": "vLLM surface",
+    "swaps": "Swaps", "gathers": "Gathers", "pinning": "Pinning", "config": "KV config and views",
     "stats": "Stats", "capture": "Graph capture", "ipc": "IPC events", "cache_ops": "Cache ops",
     "scenario": "TP scenario (integration)", "claims": "Capability claims",
 }

@@ -17,6 +17,7 @@ from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.errors import BackendUnavailableError, InvalidArgumentError
 from hisparse_hal.registry import ProbeResult, probe_backends, select_backend
 
+from .contracts import HAL_CONTRACT, VLLM_034_CONTRACT, Contract, contract_named
 from .recipe import BackendRecipe, load_factory, vendor_expectations_path
 
 __all__ = ["ResolvedRun", "expectations_for_class"]
@@ -39,6 +40,8 @@ class ResolvedRun:
         expectations_pending: the recipe is a factory function, so the file is known only once it has built
             the backend (:meth:`with_expectations_of`).
         probes: ``ProbeResult.as_dict()`` of every registered backend, highest priority first.
+        contract: the id of the contract the run tests (:mod:`.contracts`): ``vllm-0.34.0`` for a vLLM class,
+            ``hisparse-hal-1`` otherwise.
     """
 
     recipe: BackendRecipe
@@ -46,27 +49,43 @@ class ResolvedRun:
     expectations: str | None
     expectations_pending: bool
     probes: tuple[dict[str, Any], ...]
+    contract: str = HAL_CONTRACT.id
 
     @classmethod
     def resolve(cls, backend: str | None = None, factory: str | None = None,
-                expectations: str | None = None) -> ResolvedRun:
-        """Probe once, select the backend (or check the factory) and decide the expectations file.
+                expectations: str | None = None, vllm_class: str | None = None) -> ResolvedRun:
+        """Probe once, select the backend (or check the factory or vLLM class) and decide the expectations file.
 
         Args:
             backend: ``--backend`` (strict); None with no factory: what ``get_backend()`` selects.
             factory: ``--factory``, ``"module:callable"``.
             expectations: ``--expectations``: a file, ``"none"``, or None for the vendor's own file.
+            vllm_class: ``--vllm-backend``, ``"module:Class"`` implementing vLLM 0.34.0's ``HiSparseBackend``
+                (the run tests the ``vllm-0.34.0`` contract).
 
         Raises:
-            InvalidArgumentError: both a backend and a factory, or a factory that cannot be loaded.
+            InvalidArgumentError: more than one of a backend, a factory and a vLLM class; a factory that cannot be
+                loaded; a vLLM class that is not one (or vLLM missing).
             BackendUnavailableError: the backend is unknown or unavailable (the message has the probe table).
         """
-        if backend is not None and factory is not None:
-            raise InvalidArgumentError(f"give either a backend name ({backend!r}) or a factory ({factory!r}), not both")
-        results = probe_backends()
+        named = (("a backend name", backend), ("a factory", factory), ("a vLLM class", vllm_class))
+        given = [f"{what} ({value!r})" for what, value in named if value is not None]
+        if len(given) > 1:
+            raise InvalidArgumentError(
+                f"give one of a backend name, a factory or a vLLM class, not {' and '.join(given)}"
+            )
         klass: Any = None
+        if vllm_class is not None:
+            from .vllm_contract import check_vllm_class
+
+            klass = check_vllm_class(vllm_class)  # before any probe: a bad qualname is a one-line usage error
+        results = probe_backends()
         class_path = None
-        if factory is not None:
+        contract = HAL_CONTRACT.id
+        if vllm_class is not None:
+            recipe = BackendRecipe(vllm_class=vllm_class)
+            contract = VLLM_034_CONTRACT.id
+        elif factory is not None:
             recipe = BackendRecipe(factory=factory)
             target = load_factory(factory)  # fails now, clearly, on a typo
             klass = target if isinstance(target, type) else None
@@ -84,7 +103,11 @@ class ResolvedRun:
             path = expectations_for_class(klass)
         else:
             path, pending = None, True
-        return cls(recipe, class_path, path, pending, tuple(r.as_dict() for r in results))
+        return cls(recipe, class_path, path, pending, tuple(r.as_dict() for r in results), contract)
+
+    def contract_info(self) -> Contract:
+        """The :class:`~hisparse_hal.conformance.contracts.Contract` this run tests."""
+        return contract_named(self.contract)
 
     def with_expectations_of(self, backend: Any) -> ResolvedRun:
         """This run with the pending expectations decided from the class of the built ``backend``."""
@@ -135,7 +158,7 @@ class ResolvedRun:
         try:
             doc = json.loads(text)
             return cls(BackendRecipe(**doc["recipe"]), doc["backend_class"], doc["expectations"],
-                       bool(doc["expectations_pending"]), tuple(doc["probes"]))
+                       bool(doc["expectations_pending"]), tuple(doc["probes"]), doc.get("contract", HAL_CONTRACT.id))
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidArgumentError(f"not a conformance run.json: {type(exc).__name__}: {exc}") from None
 

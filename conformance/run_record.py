@@ -141,16 +141,9 @@ def contract_of(run: Any) -> Contract:
 def backend_under_test(recipe: Any, facts: Mapping[str, Any]) -> dict[str, Any]:
     """``backend_under_test``: how it was named (registry, factory or a vLLM class), its label, the built
     object's ``module:Class`` and its build."""
-    vllm_class = getattr(recipe, "vllm_backend", None) or getattr(recipe, "vllm_class", None)
-    if vllm_class:
-        kind = "vllm-class"
-    elif getattr(recipe, "factory", None):
-        kind = "factory"
-    else:
-        kind = "registry"
-    qualname = facts.get("backend_class") or vllm_class or getattr(recipe, "factory", None)
+    qualname = facts.get("backend_class") or recipe.vllm_class or recipe.factory
     versions = (facts.get("capabilities") or {}).get("versions")
-    return {"kind": kind, "label": recipe.describe(), "qualname": qualname,
+    return {"kind": recipe.kind, "label": recipe.describe(), "qualname": qualname,
             "build": build_versions(qualname, versions)}
 
 

@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="registry name of the backend to test (strict); default: what get_backend() selects")
     which.add_argument("--factory", metavar="MODULE:CALLABLE", default=None,
                        help="test an unregistered backend returned by this callable")
+    which.add_argument("--vllm-backend", metavar="MODULE:CLASS", default=None,
+                       help="test any class implementing vLLM 0.34.0's HiSparseBackend, built as vLLM builds it "
+                       "(contract vllm-0.34.0: the suite less its hal_extension tests)")
     parser.add_argument("--expectations", metavar="FILE", default=None,
                         help="expectations TOML (default: the vendor's expectations.toml; 'none' for none)")
     parser.add_argument("--report", metavar="DIR", default=None, help="write results.json and summary.md into DIR")
@@ -90,7 +93,10 @@ def pytest_arguments(args: argparse.Namespace, run: ResolvedRun, collecting: boo
     recipe = run.recipe
     argv = ["-p", PLUGIN, "-c", str(SETTINGS), "--rootdir", str(Path(__file__).parent), "-p", "no:cacheprovider",
             "--pyargs", TESTS, "-rfE"]
-    argv += ["--hal-factory", recipe.factory] if recipe.factory else ["--hal-backend", str(recipe.registry_name)]
+    if recipe.vllm_class:
+        argv += ["--hal-vllm-backend", recipe.vllm_class]
+    else:
+        argv += ["--hal-factory", recipe.factory] if recipe.factory else ["--hal-backend", str(recipe.registry_name)]
     if not run.expectations_pending:
         argv += ["--hal-expectations", run.expectations or "none"]
     if args.report and not collecting:
@@ -156,7 +162,8 @@ def _resolve_and_run(args: argparse.Namespace) -> int:
     from .resolved_run import ResolvedRun
 
     try:
-        resolved = ResolvedRun.resolve(args.backend, args.factory, args.expectations)  # probes, once per run
+        resolved = ResolvedRun.resolve(args.backend, args.factory, args.expectations,  # probes, once per run
+                                       getattr(args, "vllm_backend", None))
         argv = pytest_arguments(args, resolved)
     except BackendUnavailableError as exc:
         print(f"hisparse-hal conformance: {exc}", file=sys.stderr)

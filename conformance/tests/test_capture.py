@@ -159,6 +159,7 @@ def test_captured_swap_and_gather_replay_in_order(backend, memory):
     )
 
 
+@pytest.mark.hal_extension
 @needs_capture
 def test_pin_inside_a_capture_raises_capture_misuse_and_the_capture_completes(backend, memory):
     cache, pool = _pair(memory, backend, 16 * 512, 6)
@@ -189,6 +190,7 @@ def test_pin_inside_a_capture_raises_capture_misuse_and_the_capture_completes(ba
     both.assert_matches(both.expected(untouched))
 
 
+@pytest.mark.hal_extension  # hisparse-hal's capture() and CaptureMisuseError
 @needs_capture
 @pytest.mark.needs("ipc_events")
 def test_create_ipc_event_inside_a_capture_raises_capture_misuse(backend):
@@ -200,6 +202,7 @@ def test_create_ipc_event_inside_a_capture_raises_capture_misuse(backend):
     assert backend.is_current_stream_capturing() is False
 
 
+@pytest.mark.hal_extension  # hisparse-hal's capture() and CaptureMisuseError
 @needs_capture
 def test_nested_capture_raises_capture_misuse_and_the_outer_capture_completes(backend, memory):
     cache, pool = _pair(memory, backend, 8 * 256, 7)
@@ -216,6 +219,7 @@ def test_nested_capture_raises_capture_misuse_and_the_outer_capture_completes(ba
     plan.assert_matches(plan.expected(untouched))
 
 
+@pytest.mark.hal_extension  # hisparse-hal's capture() and CaptureMisuseError
 @needs_capture
 def test_replay_before_the_capture_ends_raises_capture_misuse(backend):
     with backend.capture() as graph:

@@ -118,6 +118,7 @@ def test_gather_of_hisparse_shaped_656_byte_rows(backend):
     _gather_and_check(backend, source, destination, _ids(raw, torch.int32, backend.device))
 
 
+@pytest.mark.hal_extension
 def test_gather_through_cache_ops_matches_the_reference(backend):
     source = _random((32, 8, 656), torch.uint8, 23, backend.device)
     ids = _ids([255, -1, 0, 100, 100], torch.int32, backend.device)
@@ -222,6 +223,7 @@ def test_gather_of_656_byte_fp8_ds_mla_rows_preserves_bytes(backend, destination
 
 
 # ------------------------------------------------------------------------------------------ bad input
+@pytest.mark.hal_extension
 @pytest.mark.parametrize("bad", [128, 1 << 30, -2, -(1 << 31)], ids=["one_past_end", "huge", "minus_two", "int32_min"])
 @pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
 def test_gather_rejects_an_out_of_range_id_naming_it(backend, bad, id_dtype):

@@ -1,6 +1,7 @@
 """Pinning: a host tensor is registered whole (in bounded chunks that end on page and block boundaries),
 becomes a swap region, and is released whole; a failed chunk rolls every earlier chunk back, leaving
-nothing registered; misuse is a typed error that changes nothing."""
+nothing registered; misuse is a typed error that changes nothing. Under the vLLM contract, whether a tensor is
+pinned is read from what a swap accepts (vLLM's 14 members have no registration records)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import mmap
 import pytest
 import torch
 
-from hisparse_hal.conformance.arenas import allocate_guarded, device_caches, pinned_host_pool, random_bytes
+from hisparse_hal.backend import HiSparseBackend
+from hisparse_hal.conformance.arenas import (
+    allocate_guarded,
+    device_caches,
+    pinned_host_pool,
+    random_bytes,
+    synchronize,
+)
 from hisparse_hal.conformance.swap_plan import SwapPlan
 from hisparse_hal.errors import DeviceRuntimeError, InvalidArgumentError, InvalidDescriptorError
 from hisparse_hal.host_registration import plan_host_chunks
@@ -25,12 +33,49 @@ def _regions_touching(backend, address: int, size: int) -> list:
     return [r for r in backend.regions if r.start < address + size and address < r.end]
 
 
+def _has_records(backend) -> bool:
+    """Whether the backend keeps hisparse-hal's registration records (not part of vLLM's contract)."""
+    return isinstance(backend, HiSparseBackend)
+
+
+def _swap_reaches(backend, tensor: torch.Tensor, offset: int = 0) -> bool:
+    """Whether a one-byte swap out of ``tensor`` at ``offset`` into a device cache is accepted (it reads the tensor)."""
+    with device_caches(backend, 1, 64, "pin probe") as (cache,):
+        try:
+            backend.swap_blocks_batch(torch.tensor([tensor.data_ptr() + offset]), torch.tensor([cache.address]),
+                                      torch.tensor([1]))
+        except InvalidDescriptorError:
+            return False
+        synchronize(backend.device)
+    return True
+
+
 def _assert_not_pinned(backend, tensor: torch.Tensor) -> None:
     address, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+    if not _has_records(backend):
+        assert not _swap_reaches(backend, tensor), "a swap out of the unpinned tensor is still accepted"
+        assert not _swap_reaches(backend, tensor, size - 1), "a swap out of the unpinned tensor is still accepted"
+        return
     with pytest.raises(InvalidArgumentError, match="not pinned"):
         backend.host_registration(tensor)
     assert not [r for r in backend.pinned_registrations() if r.address == address], "a registration record remains"
     assert not _regions_touching(backend, address, size), "a swap region over the tensor remains"
+
+
+def _assert_pinned_whole(backend, tensor: torch.Tensor) -> None:
+    size = tensor.numel() * tensor.element_size()
+    if not _has_records(backend):
+        assert _swap_reaches(backend, tensor) and _swap_reaches(backend, tensor, size - 1), (
+            "a pinned tensor must be a swap region, first byte to last"
+        )
+        return
+    record = backend.host_registration(tensor)
+    assert record.address == tensor.data_ptr() and record.size == size
+    assert isinstance(record.page_locked, bool)
+    assert record in backend.pinned_registrations()
+    covered = sum(chunk.size for chunk in record.chunks)
+    assert covered == record.size and record.chunks[0].address == record.address
+    assert _regions_touching(backend, record.address, record.size), "a pinned tensor must be a swap region"
 
 
 def test_pin_and_unpin_round_trip(backend):
@@ -38,13 +83,7 @@ def test_pin_and_unpin_round_trip(backend):
     tensor = arena.inner.view(64, PAGE)
     backend.pin_tensor(tensor)
     try:
-        record = backend.host_registration(tensor)
-        assert record.address == tensor.data_ptr() and record.size == 64 * PAGE
-        assert isinstance(record.page_locked, bool)
-        assert record in backend.pinned_registrations()
-        covered = sum(chunk.size for chunk in record.chunks)
-        assert covered == record.size and record.chunks[0].address == record.address
-        assert _regions_touching(backend, record.address, record.size), "a pinned tensor must be a swap region"
+        _assert_pinned_whole(backend, tensor)
     finally:
         backend.unpin_tensor(tensor)
     _assert_not_pinned(backend, tensor)
@@ -71,11 +110,14 @@ def test_pin_of_an_already_pinned_tensor_is_rejected_and_changes_nothing(backend
     arena = _host(8 * PAGE)
     backend.pin_tensor(arena.inner)
     try:
-        record = backend.host_registration(arena.inner)
+        record = backend.host_registration(arena.inner) if _has_records(backend) else None
         with pytest.raises(InvalidArgumentError, match="already pinned"):
             backend.pin_tensor(arena.inner)
-        assert backend.host_registration(arena.inner) == record
-        assert sum(1 for r in backend.pinned_registrations() if r.address == arena.address) == 1
+        if record is None:
+            assert _swap_reaches(backend, arena.inner), "the refused second pin unpinned the tensor"
+        else:
+            assert backend.host_registration(arena.inner) == record
+            assert sum(1 for r in backend.pinned_registrations() if r.address == arena.address) == 1
     finally:
         backend.unpin_tensor(arena.inner)
     _assert_not_pinned(backend, arena.inner)
@@ -96,8 +138,13 @@ def test_pin_of_a_tensor_overlapping_a_pinned_one_is_rejected(backend):
 
 def test_unpin_of_a_tensor_never_pinned_is_rejected(backend):
     tensor = torch.zeros(4 * PAGE, dtype=torch.uint8)
-    with pytest.raises(InvalidArgumentError, match=r"not pinned"):
+    with pytest.raises((RuntimeError, ValueError)) as raised:
         backend.unpin_tensor(tensor)
+    assert isinstance(raised.value, RuntimeError), (
+        f"unpin_tensor failed with {type(raised.value).__name__}, not a RuntimeError: vLLM releases its host pools "
+        "catching only RuntimeError (vllm/v1/hisparse/runtime.py:372-374)"
+    )
+    assert isinstance(raised.value, InvalidArgumentError) and "not pinned" in str(raised.value), raised.value
 
 
 def test_unpin_of_a_view_of_a_pinned_tensor_is_rejected_and_keeps_the_pin(backend):
@@ -106,7 +153,10 @@ def test_unpin_of_a_view_of_a_pinned_tensor_is_rejected_and_keeps_the_pin(backen
     try:
         with pytest.raises(InvalidArgumentError, match=r"not pinned"):
             backend.unpin_tensor(arena.inner[PAGE:])
-        assert backend.host_registration(arena.inner).size == 8 * PAGE
+        if _has_records(backend):
+            assert backend.host_registration(arena.inner).size == 8 * PAGE
+        else:
+            assert _swap_reaches(backend, arena.inner) and _swap_reaches(backend, arena.inner, 8 * PAGE - 1)
     finally:
         backend.unpin_tensor(arena.inner)
 
@@ -123,10 +173,11 @@ def test_unpin_of_a_view_of_a_pinned_tensor_is_rejected_and_keeps_the_pin(backen
 )
 def test_pin_rejects_what_cannot_be_pinned(backend, make, match):
     value = make()
-    before = backend.pinned_registrations()
+    before = backend.pinned_registrations() if _has_records(backend) else None
     with pytest.raises(InvalidArgumentError, match=match):
         backend.pin_tensor(value)
-    assert backend.pinned_registrations() == before
+    if before is not None:
+        assert backend.pinned_registrations() == before
 
 
 def test_pin_of_a_device_tensor_is_rejected(backend):
@@ -137,6 +188,7 @@ def test_pin_of_a_device_tensor_is_rejected(backend):
         backend.pin_tensor(tensor)
 
 
+@pytest.mark.hal_extension
 def test_registration_records_a_device_alias_exactly_when_the_backend_needs_one(backend, capabilities):
     arena = _host(4 * PAGE)
     backend.pin_tensor(arena.inner)
@@ -156,6 +208,7 @@ def test_registration_records_a_device_alias_exactly_when_the_backend_needs_one(
 
 
 # ------------------------------------------------------------------------------------------ chunks
+@pytest.mark.hal_extension
 def test_pin_registers_in_chunks_that_end_on_page_and_block_boundaries(backend, monkeypatch):
     block, blocks = 3 * PAGE // 2, 40  # a block of one and a half pages: chunk ends need both boundaries
     monkeypatch.setattr(backend, "host_chunk_bytes", 7 * PAGE)
@@ -178,6 +231,7 @@ def test_pin_registers_in_chunks_that_end_on_page_and_block_boundaries(backend, 
     _assert_not_pinned(backend, tensor)
 
 
+@pytest.mark.hal_extension
 def test_swaps_reach_every_block_of_a_chunked_pool(backend, memory, monkeypatch):
     block, blocks = 3 * PAGE // 2, 24
     monkeypatch.setattr(backend, "host_chunk_bytes", 5 * PAGE)
@@ -196,6 +250,7 @@ def test_swaps_reach_every_block_of_a_chunked_pool(backend, memory, monkeypatch)
     plan.assert_matches(expected)
 
 
+@pytest.mark.hal_extension
 def test_swap_spanning_two_registration_chunks_is_rejected(backend, memory, monkeypatch):
     """One descriptor must not span two host registrations (the batch copy rejects it; vendor-facts.md)."""
     block, blocks = PAGE, 8
@@ -236,6 +291,7 @@ class _ChunkFault:
         self._unregister(address, size)
 
 
+@pytest.mark.hal_extension
 @pytest.mark.parametrize("fail_at", [0, 1, 3])
 def test_pin_rolls_back_every_registered_chunk_when_one_fails(backend, monkeypatch, fail_at):
     block, blocks = PAGE, 16
@@ -263,6 +319,7 @@ def test_pin_rolls_back_every_registered_chunk_when_one_fails(backend, monkeypat
     _assert_not_pinned(backend, tensor)
 
 
+@pytest.mark.hal_extension
 def test_unpin_releases_every_chunk_in_reverse_order(backend, monkeypatch):
     block, blocks = PAGE, 12
     monkeypatch.setattr(backend, "host_chunk_bytes", 4 * PAGE)

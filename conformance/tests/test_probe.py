@@ -54,7 +54,8 @@ def isolated_probe(tmp_path_factory, backend_recipe) -> dict:
     env = python_environment()
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     done = subprocess.run(
-        python_command(code=NO_CONTEXT_SCRIPT, args=[backend_recipe.registry_name or "", backend_recipe.factory or ""]),
+        python_command(code=NO_CONTEXT_SCRIPT, args=[backend_recipe.registry_name or "",
+                                                          backend_recipe.factory or backend_recipe.vllm_class or ""]),
         cwd=tmp_path_factory.mktemp("isolated-probe"), env=env, capture_output=True, text=True, timeout=180,
     )
     assert done.returncode == 0, f"the probe subprocess failed:\n{done.stderr[-3000:]}"
@@ -95,6 +96,7 @@ def test_importing_the_backend_module_creates_no_device_context(isolated_probe):
     )
 
 
+@pytest.mark.hal_extension
 def test_the_backend_under_test_is_selected_with_a_reason(backend_recipe, backend):
     if backend_recipe.registry_name is None:
         pytest.skip("the backend under test comes from a factory, so the registry does not select it")

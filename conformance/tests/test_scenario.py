@@ -14,6 +14,9 @@ import pytest
 from hisparse_hal.scenario import FaultPlan, ScenarioConfig, ScenarioResult, run_scenario
 from hisparse_hal.scenario.config import ROW_BYTES
 
+#: The scenario's ranks read hisparse-hal's pinning records (host_registration, pinned_registrations).
+pytestmark = pytest.mark.hal_extension
+
 STEPS = 1000
 #: Bound of every wait on another rank in these runs; a lost rank must be noticed well within it.
 TIMEOUT_S = 20.0

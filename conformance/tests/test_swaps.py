@@ -207,6 +207,7 @@ def test_swap_into_a_pinned_pool_seen_as_blocks(backend, memory):
     _swap_and_check(backend, _permuted_blocks(cache, pool, count, block, seed=23))
 
 
+@pytest.mark.hal_extension
 def test_swap_through_cache_ops_copies_every_byte(backend, memory):
     src, dst = _ends(memory, backend, "device_to_host", 256 * 656, seed=25)
     ops = backend.create_cache_ops(runtime=None)
@@ -216,6 +217,7 @@ def test_swap_through_cache_ops_copies_every_byte(backend, memory):
     plan.assert_matches(plan.expected(before))
 
 
+@pytest.mark.hal_extension
 def test_swap_into_an_explicitly_registered_region_until_it_is_unregistered(backend, memory):
     (cache,) = memory.enter_context(device_caches(backend, 1, 64 * 100))
     staging = memory.enter_context(_explicit_region(backend, 64 * 100))
