@@ -18,7 +18,7 @@ from typing import Any
 from hisparse_hal.errors import InvalidArgumentError
 
 from .matrix_plots import bench_charts
-from .report import AREA_TITLES, AREAS, OUTCOMES, area_verdict, overall_verdict, selection_text, verdict
+from .report import AREA_TITLES, AREAS, OUTCOMES, area_verdict, overall_verdict, selection_text
 
 __all__ = ["ReportInput", "NOT_RECORDED", "load_report", "merge", "render_markdown", "render_html", "write_outputs"]
 

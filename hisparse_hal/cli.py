@@ -306,7 +306,8 @@ def _vllm_check_options(vllm_check: argparse.ArgumentParser) -> None:
 
 
 _OPTIONS = {"info": _info_options, "conformance": _conformance_options, "verify": _verify_options,
-            "bench": _bench_options, "kernels": _kernels_options, "scenario": _scenario_options, "vllm-check": _vllm_check_options}
+            "bench": _bench_options, "kernels": _kernels_options, "scenario": _scenario_options,
+            "vllm-check": _vllm_check_options}
 
 
 def _joined_option_values(argv: Sequence[str]) -> list[str]:
