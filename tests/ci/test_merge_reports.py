@@ -61,7 +61,7 @@ def test_merge_reports_builds_one_row_per_machine(tmp_path):
         and second["failing"] == ["test_swaps.py::t1"]
     )
     table = (tmp_path / "out" / "compatibility.md").read_text()
-    assert "| cuda on NVIDIA H200 | sm_90 | 2.13 | PASS 1/1 | PASS 1/1 | n/a |" in table
+    assert "| cuda on NVIDIA H200 | sm_90 | 2.13 | PASS 1/1 | n/a | PASS 1/1 | n/a |" in table  # probe, surface, swaps
     assert "MI300X ROCm 7.2: `test_swaps.py::t1`" in table
 
 
