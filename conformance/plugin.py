@@ -563,7 +563,7 @@ def _record_facts(state: ConformanceState) -> dict[str, Any]:
 
 def _vendor_expectations(state: ConformanceState) -> str | None:
     """The vendor's installed expectations file for the built backend's class (None: none, or not built)."""
-    from .recipe import load_factory
+    from .qualnames import load_factory
     from .resolved_run import expectations_for_class
 
     qualname = state.backend_facts.get("backend_class") or state.run.backend_class

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hisparse_hal.errors import InvalidArgumentError
-from hisparse_hal.python_child import python_command, python_environment
+from hisparse_hal.python_child import process_alive, python_command, python_environment
 
 __all__ = ["check_arguments", "check_selection", "needs_selection_check", "scratch_directory", "sweep_stale_scratch"]
 
@@ -115,17 +115,8 @@ def sweep_stale_scratch(directory: str | None = None) -> list[str]:
     removed = []
     for path in root.glob(f"{SCRATCH_PREFIX}*"):
         pid = path.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
-        if path.is_dir() and pid.isdigit() and not _alive(int(pid)):
+        if path.is_dir() and pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

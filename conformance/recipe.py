@@ -17,7 +17,9 @@ from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.registry import BackendSpec, discover_specs, get_backend, select_backend
 
-__all__ = ["BackendRecipe", "load_factory", "vendor_expectations_path"]
+from .qualnames import load_factory
+
+__all__ = ["BackendRecipe", "vendor_expectations_path"]
 
 EXPECTATIONS_FILE = "expectations.toml"
 
@@ -102,30 +104,6 @@ class BackendRecipe:
             if isinstance(item, BackendSpec) and item.name == self.registry_name:
                 return item.load_class()
         return None
-
-
-def load_factory(target: str, what: str = "factory") -> Any:
-    """Import ``"module:attr.path"`` and return the attribute; ``what`` names the option in messages.
-
-    Raises:
-        InvalidArgumentError: malformed target, module not importable, or attribute missing.
-    """
-    module_name, sep, attr_path = target.partition(":")
-    if not sep or not module_name or not attr_path:
-        shape = "package.module:Class" if what.startswith("--vllm") else "package.module:callable"
-        raise InvalidArgumentError(f"{what} must look like {shape!r}, got {target!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidArgumentError(f"{what} {target!r}: cannot import {module_name!r}: {exc}") from exc
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise InvalidArgumentError(f"{what} {target!r}: {module_name!r} has no attribute {attr_path!r}") from None
-    if not callable(obj):
-        raise InvalidArgumentError(f"{what} {target!r} is not callable ({type(obj).__name__})")
-    return obj
 
 
 def vendor_expectations_path(backend_class: type) -> Path | None:

@@ -18,7 +18,8 @@ from hisparse_hal.errors import BackendUnavailableError, InvalidArgumentError
 from hisparse_hal.registry import ProbeResult, probe_backends, select_backend
 
 from .contracts import HAL_CONTRACT, VLLM_034_CONTRACT, Contract, contract_named
-from .recipe import BackendRecipe, load_factory, vendor_expectations_path
+from .qualnames import load_factory
+from .recipe import BackendRecipe, vendor_expectations_path
 
 __all__ = ["ResolvedRun", "expectations_for_class"]
 

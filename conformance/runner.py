@@ -242,7 +242,7 @@ def _write_junit(path: str, directory: Path, code: int) -> int:
 
 def _factory_is_class(resolved: ResolvedRun) -> bool:
     """Whether the run's factory is a class (its instances' type is known without calling it)."""
-    from .recipe import load_factory
+    from .qualnames import load_factory
 
     return isinstance(load_factory(str(resolved.recipe.factory)), type)
 

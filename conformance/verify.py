@@ -137,7 +137,7 @@ def _installed_vendor_expectations(doc: Mapping[str, Any]) -> str | None:
     qualname = (doc.get("backend_under_test") or {}).get("qualname")
     if qualname and ":" in qualname:
         try:
-            from .recipe import load_factory
+            from .qualnames import load_factory
             from .resolved_run import expectations_for_class
 
             return expectations_for_class(load_factory(qualname))

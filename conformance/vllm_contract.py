@@ -70,7 +70,7 @@ def check_vllm_class(qualname: str) -> type:
         InvalidArgumentError: vLLM missing, a malformed or unimportable qualname, not a class, or a class lacking
             one of the 14 members (named).
     """
-    from .recipe import load_factory
+    from .qualnames import load_factory
 
     _vllm_base()
     target = load_factory(qualname, what="--vllm-backend")

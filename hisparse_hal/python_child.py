@@ -17,7 +17,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
-__all__ = ["python_command", "python_environment", "die_with_parent"]
+__all__ = ["python_command", "python_environment", "die_with_parent", "process_alive"]
 
 # Runs with ``-c``: on Python 3.10, which has neither -P nor PYTHONSAFEPATH, sys.path[0] is then '' (the working
 # directory) and is removed first (under -P or PYTHONSAFEPATH there is no such entry and nothing is removed). It
@@ -87,6 +87,17 @@ def python_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
 _PR_SET_PDEATHSIG = 1
 #: Seconds between checks of the parent, where the kernel cannot be asked to signal its death.
 WATCH_PERIOD_S = 0.5
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (another user's live process counts: the kernel says it exists)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def die_with_parent(parent_pid: int) -> None:

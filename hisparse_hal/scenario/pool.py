@@ -23,6 +23,7 @@ import uuid
 import torch
 
 from hisparse_hal.errors import InvalidArgumentError
+from hisparse_hal.python_child import process_alive
 
 __all__ = ["SharedPool", "CONTROL_BYTES", "PUBLISHED", "ABORTED", "ABORTED_BY", "NAME_PREFIX", "sweep_stale_pools",
            "pool_owner"]
@@ -163,16 +164,6 @@ def pool_owner(name: str) -> int | None:
     return int(pid) if sep and pid.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's live process
-    return True
-
-
 def _recorded_pids(path: str) -> list[int]:
     """The pids the ranks wrote into an old-style pool's control page (none: no rank mapped it)."""
     try:
@@ -207,14 +198,14 @@ def sweep_stale_pools(directory: str | None = None, min_age_s: float = 3600.0) -
         path = os.path.join(where, name)
         owner = pool_owner(name)
         if owner is not None:
-            stale = not _alive(owner)
+            stale = not process_alive(owner)
         else:
             pids = _recorded_pids(path)
             try:
                 old = time.time() - os.stat(path).st_mtime > min_age_s
             except OSError:
                 continue
-            stale = not any(_alive(p) for p in pids) if pids else old
+            stale = not any(process_alive(p) for p in pids) if pids else old
         if not stale:
             continue
         try:

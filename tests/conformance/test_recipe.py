@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hisparse_hal.conformance.recipe import BackendRecipe, load_factory, vendor_expectations_path
+from hisparse_hal.conformance.qualnames import load_factory
+from hisparse_hal.conformance.recipe import BackendRecipe, vendor_expectations_path
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 
