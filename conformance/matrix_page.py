@@ -360,7 +360,7 @@ def _run_details(row: Mapping[str, Any]) -> str:
               ("Selection", row["selection"]), ("Started", row["started"]), ("Finished", row["finished"]),
               ("hisparse-hal", row["hisparse_hal_version"]), ("Commit", row["commit"]), ("Host", row["host"]),
               ("Device", f"{row['device']} ({row['device_type']}; driver {row['device_driver']})"),
-              ("Backend", f"{row['backend_label']}: {row['qualname']} ({row['kind']})"),
+              ("Backend", f"{row['qualname']} ({row['kind']})"),
               ("torch / Python", f"{row['torch'] or NOT_RECORDED} / {row['python']}"),
               ("Suite", f"{row['suite_version']}, sha256 {row['suite_sha256']}"),
               ("Report format", row["format"]), ("Source", row["source"])]
