@@ -277,7 +277,7 @@ def test_swap_rejects_descriptor_arrays_of_unequal_length(backend, memory):
 
 @pytest.mark.parametrize("dtype", [
     torch.int32, pytest.param(torch.uint64, marks=pytest.mark.hal_extension), torch.float64,
-])  # uint64 is what vLLM's op takes on XPU (vllm/_custom_ops.py:3039-3041): refusing it is hisparse-hal's rule
+])  # uint64 is what vLLM's op takes on XPU (vllm/_custom_ops.py:3041-3043): refusing it is hisparse-hal's rule
 def test_swap_rejects_descriptors_of_the_wrong_dtype(backend, memory, dtype):
     _, _, plan = _bad_batch_setup(memory, backend)
     s, d, n = plan.descriptors()
