@@ -1,6 +1,7 @@
 """KV cache config and views: formats accepted exactly as the device's architecture allows, 656-byte
 ``fp8_ds_mla`` rows, typed views that share the caller's storage, per-layer offsets that never alias,
-and a failed preparation that changes nothing."""
+and a failed preparation that changes nothing. Under vLLM's contract the hooks get vLLM's ``KVCacheConfig`` (the
+suite's view translates) and only what vLLM's default no-op hooks also do is required (backend.py:36-49)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from hisparse_hal.conformance.arenas import (
     random_bytes,
     synchronize,
 )
-from hisparse_hal.conformance.contracts import refused, typed_refusals
+from hisparse_hal.conformance.contracts import VLLM_034_CONTRACT, contract_of_backend, refused, typed_refusals
 from hisparse_hal.conformance.swap_plan import SwapPlan
 from hisparse_hal.errors import DeviceRuntimeError, InvalidArgumentError, InvalidDescriptorError
 from hisparse_hal.host_registration import plan_host_chunks
@@ -56,7 +56,7 @@ def _swap_reaches(backend, tensor: torch.Tensor, offset: int = 0) -> bool:
 
 def _assert_not_pinned(backend, tensor: torch.Tensor) -> None:
     address, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
-    if not typed_refusals(backend):  # vLLM's contract: released means unpin_tensor refuses it (a RuntimeError)
+    if contract_of_backend(backend) is VLLM_034_CONTRACT:  # released: unpin_tensor refuses it (a RuntimeError)
         try:
             backend.unpin_tensor(tensor)
         except RuntimeError:
