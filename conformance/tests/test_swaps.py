@@ -264,8 +264,9 @@ def _assert_rejected(backend, plan: SwapPlan, descriptors, *, index: int | None,
     with refused(backend, InvalidDescriptorError, match=match) as info:
         backend.swap_blocks_batch(*descriptors)
     if typed_refusals(backend):
-        assert isinstance(info.value, ValueError), "InvalidDescriptorError must also be a ValueError"
-        assert info.value.index == index, f"error names descriptor {info.value.index}, the first bad one is {index}"
+        error: InvalidDescriptorError = info.value
+        assert isinstance(error, ValueError), "InvalidDescriptorError must also be a ValueError"
+        assert error.index == index, f"error names descriptor {error.index}, the first bad one is {index}"
     plan.assert_unchanged(before)
 
 
