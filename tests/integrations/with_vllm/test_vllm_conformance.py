@@ -5,7 +5,8 @@ report CONFORMANT; it fails each planted-bug class (hisparse_hal/testing/broken_
 named. The view's capabilities come from the class and from probes, never from hisparse-hal's own.
 
 Measured on the shared 2-core development machine (HISPARSE_HAL_CACHE_OPS_SEQUENCES=16): a full run of a good class
-(224 tests) took 25-37 s (79 s beside other sessions' runs), each planted-bug ``-k`` subset 7-9 s, this file 120-142 s.
+(193 tests) took 42-53 s (116-148 s beside other sessions' runs), each planted-bug ``-k`` subset 13-15 s (36-40 s),
+this file 272 s (731 s).
 """
 
 from __future__ import annotations
