@@ -252,7 +252,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "hal_extension: uses a member hisparse-hal adds to vLLM's contract (not in the vLLM contract's suite)",
+        "hal_extension: beyond vLLM 0.34.0's contract (a member hisparse-hal adds, or a behaviour vLLM's members do "
+        "not promise); not in the vLLM contract's suite (see conformance/contracts.py)",
     )
     try:
         state = ConformanceState(config)

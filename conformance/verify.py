@@ -5,7 +5,8 @@ Invariant: CONFORMANT only when the report is format 2 and whole (schema), of a 
 of this exact suite (its hash), every must-pass test of its contract present with an allowed outcome (passed;
 skipped for a named missing capability or as not applicable to this kind of backend; an expected failure from the
 vendor's committed expectations file, unmodified); otherwise NOT CONFORMANT with every reason. Claims a probe
-contradicted are printed as warnings and change nothing.
+contradicted, and settings that scale a test down (``HISPARSE_HAL_CACHE_OPS_SEQUENCES``), are printed as warnings and
+change nothing.
 """
 
 from __future__ import annotations
@@ -220,6 +221,21 @@ def _run_reasons(doc: Mapping[str, Any]) -> list[str]:
     return reasons
 
 
+#: Settings that change how much a test checks without changing the suite's files, its hash or its test ids.
+SCALE_SETTINGS = ("HISPARSE_HAL_CACHE_OPS_SEQUENCES",)
+
+
+def _setting_warnings(doc: Mapping[str, Any]) -> list[str]:
+    """A warning for each setting the run changed that scales a test (a smaller run of the same tests is still
+    the full suite by its hash and ids, so it stays conformant, but says so)."""
+    facts = doc.get("facts")
+    env = facts.get("env") if isinstance(facts, Mapping) else None
+    if not isinstance(env, Mapping):
+        return []
+    return [f"setting: the run set {name}={env[name]} (the cache_ops tier ran that many generated sequences, "
+            "not its default)" for name in SCALE_SETTINGS if name in env]
+
+
 def verify_document(doc: Mapping[str, Any]) -> Verification:
     """Check one ``results.json`` document against the installed suite (see the module's invariant)."""
     result = Verification()
@@ -230,6 +246,7 @@ def verify_document(doc: Mapping[str, Any]) -> Verification:
     expectation_reasons = _expectations_reasons(doc)
     result.reasons += expectation_reasons
     result.reasons += _must_pass_reasons(doc, not expectation_reasons)
+    result.warnings += _setting_warnings(doc)
     for claim in doc["claims"]:
         if isinstance(claim, Mapping):
             result.warnings.append(f"claim: the backend denies {claim.get('capability')}, but a probe found it "

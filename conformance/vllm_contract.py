@@ -1,7 +1,8 @@
 """The suite's view of any class implementing vLLM 0.34.0's ``HiSparseBackend`` (``vllm/v1/hisparse/backend.py:20-79``).
 
 Invariant: the class is resolved by qualname and called with no arguments once per process, as vLLM builds it
-(``backend.py:131-140``); the view forwards exactly vLLM's 14 members and derives ``capabilities`` from what the class
+(``backend.py:131-140``); the view forwards exactly vLLM's 14 members, handing the config hooks vLLM's own
+``KVCacheConfig`` (binding.py:139, 150; :func:`as_vllm_config`), and derives ``capabilities`` from what the class
 exposes and from probing calls, never from hisparse-hal's own ``Capabilities`` of whatever the class wraps.
 """
 
@@ -22,7 +23,7 @@ from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 
 __all__ = ["VLLM_MEMBERS", "VLLM_OP_NAMES", "VllmOpNames", "VLLM_ATTRIBUTES", "VLLM_METHOD_PARAMETERS",
            "VllmContractView", "StreamEvent", "accelerator_device", "check_vllm_class", "load_vllm_class",
-           "suite_runtime", "view_of"]
+           "suite_runtime", "view_of", "as_vllm_config"]
 
 VLLM_VERSION = "0.34.0"
 #: vLLM 0.34.0's two class attributes (backend.py:21-22).
@@ -193,6 +194,32 @@ class _CapturedGraph:
         self.graph.replay()
 
 
+def as_vllm_config(config: Any) -> Any:
+    """vLLM 0.34.0's ``KVCacheConfig`` for the suite's :class:`hisparse_hal.kv_cache.KVCacheConfig` (anything else as
+    given): what vLLM hands the config hooks (binding.py:139, 150).
+
+    One device-resident placement per layer (``KVCacheTensor`` at the layer's byte offset into the allocation
+    ``kv_caches`` maps it to, kv_cache_interface.py:1510-1531) and one group of the layers, an ``MLAAttentionSpec`` of
+    one head whose row is the suite's row (``fp8_ds_mla``: uint8 rows named by ``cache_dtype_str``).
+    """
+    from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig
+
+    if not isinstance(config, KVCacheConfig) or config.format not in KV_FORMAT_SPECS:
+        return config
+    from vllm.v1.kv_cache_interface import KVCacheConfig as VllmKVCacheConfig
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec, KVCacheTensor, MLAAttentionSpec
+
+    spec = KV_FORMAT_SPECS[config.format]
+    head = MLAAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=config.row_width,
+                            dtype=spec.dtype, cache_dtype_str=config.format if spec.fixed_row_bytes else None)
+    tensors = [KVCacheTensor(size=layer.offset_bytes + config.layer_bytes, layers=[layer.name],
+                             layer_stride=config.layer_bytes, block_stride=config.block_bytes,
+                             offset=layer.offset_bytes)
+               for layer in config.layers]
+    groups = [KVCacheGroupSpec([layer.name for layer in config.layers], head)]
+    return VllmKVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
+
+
 class VllmContractView:
     """The backend under test as the suite's fixtures use it, for a vLLM-contract instance.
 
@@ -239,11 +266,13 @@ class VllmContractView:
         return self.impl.create_cache_ops(runtime)
 
     def validate_kv_cache_config(self, kv_cache_config: Any) -> None:
-        self.impl.validate_kv_cache_config(kv_cache_config)
+        """The instance's hook, given vLLM's ``KVCacheConfig`` for a suite config (:func:`as_vllm_config`)."""
+        self.impl.validate_kv_cache_config(as_vllm_config(kv_cache_config))
 
     def prepare_kv_cache_views(self, kv_cache_config: Any, kv_caches: dict[str, Any],
                                forward_context: dict[str, Any]) -> None:
-        self.impl.prepare_kv_cache_views(kv_cache_config, kv_caches, forward_context)
+        """The instance's hook, given vLLM's ``KVCacheConfig`` for a suite config (:func:`as_vllm_config`)."""
+        self.impl.prepare_kv_cache_views(as_vllm_config(kv_cache_config), kv_caches, forward_context)
 
     def create_ipc_event(self) -> Any:
         """The instance's event; where there is an accelerator, used on its current stream (:class:`StreamEvent`)."""

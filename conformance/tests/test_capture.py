@@ -229,6 +229,7 @@ def test_replay_before_the_capture_ends_raises_capture_misuse(backend):
     graph.replay()
 
 
+@pytest.mark.hal_extension  # a region check: vLLM's op checks no address (csrc/cache_kernels.cu:114-126)
 @needs_capture
 def test_a_bad_swap_inside_a_capture_is_rejected_at_call_time_and_the_capture_completes(backend, memory):
     cache, pool = _pair(memory, backend, 8 * 256, 8)

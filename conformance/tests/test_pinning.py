@@ -1,7 +1,9 @@
 """Pinning: a host tensor is registered whole (in bounded chunks that end on page and block boundaries),
 becomes a swap region, and is released whole; a failed chunk rolls every earlier chunk back, leaving
-nothing registered; misuse is a typed error that changes nothing. Under the vLLM contract, whether a tensor is
-pinned is read from what a swap accepts (vLLM's 14 members have no registration records)."""
+nothing registered; misuse is a typed error that changes nothing. Under the vLLM contract (no registration records
+among vLLM's 14 members, and swaps of raw pointers), a pinned tensor is one whose bytes a swap reads, and a released
+one is one ``unpin_tensor`` refuses with a RuntimeError (what vLLM catches, runtime.py:372-374); misuse is refused
+where ``cudaHostRegister``/``cudaHostUnregister`` refuse it (vllm/utils/host_memory.py:13-26)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from hisparse_hal.conformance.arenas import (
     random_bytes,
     synchronize,
 )
+from hisparse_hal.conformance.contracts import VLLM_034_CONTRACT, contract_of_backend, refused, typed_refusals
 from hisparse_hal.conformance.swap_plan import SwapPlan
 from hisparse_hal.errors import DeviceRuntimeError, InvalidArgumentError, InvalidDescriptorError
 from hisparse_hal.host_registration import plan_host_chunks
@@ -40,11 +43,12 @@ def _has_records(backend) -> bool:
 
 def _swap_reaches(backend, tensor: torch.Tensor, offset: int = 0) -> bool:
     """Whether a one-byte swap out of ``tensor`` at ``offset`` into a device cache is accepted (it reads the tensor)."""
+    refusal = InvalidDescriptorError if typed_refusals(backend) else Exception  # vLLM's: any exception
     with device_caches(backend, 1, 64, "pin probe") as (cache,):
         try:
             backend.swap_blocks_batch(torch.tensor([tensor.data_ptr() + offset]), torch.tensor([cache.address]),
                                       torch.tensor([1]))
-        except InvalidDescriptorError:
+        except refusal:
             return False
         synchronize(backend.device)
     return True
@@ -52,6 +56,12 @@ def _swap_reaches(backend, tensor: torch.Tensor, offset: int = 0) -> bool:
 
 def _assert_not_pinned(backend, tensor: torch.Tensor) -> None:
     address, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+    if contract_of_backend(backend) is VLLM_034_CONTRACT:  # released: unpin_tensor refuses it (a RuntimeError)
+        try:
+            backend.unpin_tensor(tensor)
+        except RuntimeError:
+            return
+        raise AssertionError("unpin_tensor of the released tensor was still accepted: it was still pinned")
     if not _has_records(backend):
         assert not _swap_reaches(backend, tensor), "a swap out of the unpinned tensor is still accepted"
         assert not _swap_reaches(backend, tensor, size - 1), "a swap out of the unpinned tensor is still accepted"
@@ -111,7 +121,7 @@ def test_pin_of_an_already_pinned_tensor_is_rejected_and_changes_nothing(backend
     backend.pin_tensor(arena.inner)
     try:
         record = backend.host_registration(arena.inner) if _has_records(backend) else None
-        with pytest.raises(InvalidArgumentError, match="already pinned"):
+        with refused(backend, InvalidArgumentError, match="already pinned"):
             backend.pin_tensor(arena.inner)
         if record is None:
             assert _swap_reaches(backend, arena.inner), "the refused second pin unpinned the tensor"
@@ -121,7 +131,7 @@ def test_pin_of_an_already_pinned_tensor_is_rejected_and_changes_nothing(backend
     finally:
         backend.unpin_tensor(arena.inner)
     _assert_not_pinned(backend, arena.inner)
-    with pytest.raises(InvalidArgumentError, match="not pinned"):
+    with refused(backend, InvalidArgumentError, match="not pinned", vllm_error=RuntimeError):
         backend.unpin_tensor(arena.inner)  # the double pin must not have left a second registration
 
 
@@ -129,7 +139,7 @@ def test_pin_of_a_tensor_overlapping_a_pinned_one_is_rejected(backend):
     arena = _host(8 * PAGE)
     backend.pin_tensor(arena.inner[: 4 * PAGE])
     try:
-        with pytest.raises(InvalidArgumentError, match="overlaps"):
+        with refused(backend, InvalidArgumentError, match="overlaps"):
             backend.pin_tensor(arena.inner[2 * PAGE : 6 * PAGE])
         _assert_not_pinned(backend, arena.inner[4 * PAGE :])
     finally:
@@ -144,14 +154,15 @@ def test_unpin_of_a_tensor_never_pinned_is_rejected(backend):
         f"unpin_tensor failed with {type(raised.value).__name__}, not a RuntimeError: vLLM releases its host pools "
         "catching only RuntimeError (vllm/v1/hisparse/runtime.py:372-374)"
     )
-    assert isinstance(raised.value, InvalidArgumentError) and "not pinned" in str(raised.value), raised.value
+    if typed_refusals(backend):
+        assert isinstance(raised.value, InvalidArgumentError) and "not pinned" in str(raised.value), raised.value
 
 
 def test_unpin_of_a_view_of_a_pinned_tensor_is_rejected_and_keeps_the_pin(backend):
     arena = _host(8 * PAGE)
     backend.pin_tensor(arena.inner)
     try:
-        with pytest.raises(InvalidArgumentError, match=r"not pinned"):
+        with refused(backend, InvalidArgumentError, match=r"not pinned", vllm_error=RuntimeError):
             backend.unpin_tensor(arena.inner[PAGE:])
         if _has_records(backend):
             assert backend.host_registration(arena.inner).size == 8 * PAGE
@@ -164,7 +175,8 @@ def test_unpin_of_a_view_of_a_pinned_tensor_is_rejected_and_keeps_the_pin(backen
 @pytest.mark.parametrize(
     "make,match",
     [
-        (lambda: torch.zeros(64, 64, dtype=torch.uint8).t(), r"contiguous"),
+        pytest.param(lambda: torch.zeros(64, 64, dtype=torch.uint8).t(), r"contiguous",
+                     marks=pytest.mark.hal_extension),  # cudaHostRegister takes data_ptr and nbytes, any layout
         (lambda: torch.zeros(0, dtype=torch.uint8), r"empty"),
         (lambda: torch.empty(64, dtype=torch.uint8, device="meta"), r"host memory.*meta"),
         (lambda: bytearray(64), r"torch.Tensor.*bytearray"),
@@ -174,7 +186,7 @@ def test_unpin_of_a_view_of_a_pinned_tensor_is_rejected_and_keeps_the_pin(backen
 def test_pin_rejects_what_cannot_be_pinned(backend, make, match):
     value = make()
     before = backend.pinned_registrations() if _has_records(backend) else None
-    with pytest.raises(InvalidArgumentError, match=match):
+    with refused(backend, InvalidArgumentError, match=match):
         backend.pin_tensor(value)
     if before is not None:
         assert backend.pinned_registrations() == before
@@ -184,7 +196,7 @@ def test_pin_of_a_device_tensor_is_rejected(backend):
     if backend.device.type == "cpu":
         pytest.skip("the backend's device is host memory, so a device tensor is a host tensor")
     tensor = torch.zeros(PAGE, dtype=torch.uint8, device=backend.device)
-    with pytest.raises(InvalidArgumentError, match=r"host memory"):
+    with refused(backend, InvalidArgumentError, match=r"host memory"):
         backend.pin_tensor(tensor)
 
 

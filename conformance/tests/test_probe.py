@@ -16,6 +16,7 @@ import torch
 
 from hisparse_hal.capabilities import KV_FORMATS, Capabilities
 from hisparse_hal.conformance.arenas import device_caches, pinned_host_pool
+from hisparse_hal.conformance.contracts import refused
 from hisparse_hal.errors import UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
 from hisparse_hal.python_child import python_command, python_environment
@@ -164,7 +165,7 @@ def test_declared_graph_capture_matches_behaviour(backend, capabilities):
 
 def test_declared_ipc_events_match_behaviour(backend, capabilities):
     if not capabilities.ipc_events:
-        with pytest.raises(UnsupportedCapabilityError):
+        with refused(backend, UnsupportedCapabilityError):
             backend.create_ipc_event()
         return
     event = backend.create_ipc_event()
@@ -187,7 +188,7 @@ def test_declared_kv_formats_match_behaviour(backend, capabilities, fmt):
     if fmt in capabilities.kv_formats:
         backend.validate_kv_cache_config(config)
     else:
-        with pytest.raises(UnsupportedCapabilityError, match=fmt):
+        with refused(backend, UnsupportedCapabilityError, match=fmt):
             backend.validate_kv_cache_config(config)
 
 

@@ -176,3 +176,12 @@ def test_a_folder_without_a_readable_report_is_one_line_and_exit_2(tmp_path, cap
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
     assert captured.err.startswith("hisparse-hal verify: ")
+
+
+def test_a_scaled_down_setting_is_a_warning_not_a_reason(whole):
+    """A smaller cache_ops run is the same suite (hash and ids), so it stays conformant, and verify says so."""
+    whole["facts"]["env"] = {**whole["facts"].get("env", {}), "HISPARSE_HAL_CACHE_OPS_SEQUENCES": "16"}
+    result = verify_document(whole)
+    assert result.conformant and result.lines()[-1] == (
+        "warning: setting: the run set HISPARSE_HAL_CACHE_OPS_SEQUENCES=16 (the cache_ops tier ran that many "
+        "generated sequences, not its default)")

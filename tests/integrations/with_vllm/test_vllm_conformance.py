@@ -1,10 +1,12 @@
 """``hisparse-hal conformance --vllm-backend module:Class`` against real vLLM 0.34.0 classes: the suite (contract
-``vllm-0.34.0``) passes hisparse-hal's CPU adapter and an independent forwarding class, and fails each planted-bug class
-(hisparse_hal/testing/broken_vllm_backends.py) with its defect named. The view's capabilities come from the class and
-from probes, never from hisparse-hal's own.
+``vllm-0.34.0``) passes hisparse-hal's CPU adapter, an independent forwarding class and a class that keeps vLLM's
+default hooks and fails only with plain RuntimeErrors (as vLLM's own backend does), and ``verify`` finds each full
+report CONFORMANT; it fails each planted-bug class (hisparse_hal/testing/broken_vllm_backends.py) with its defect
+named. The view's capabilities come from the class and from probes, never from hisparse-hal's own.
 
 Measured on the shared 2-core development machine (HISPARSE_HAL_CACHE_OPS_SEQUENCES=16): a full run of a good class
-(224 tests) took 25-37 s (79 s beside other sessions' runs), each planted-bug ``-k`` subset 7-9 s, this file 120-142 s.
+(193 tests) took 42-53 s (116-148 s beside other sessions' runs), each planted-bug ``-k`` subset 13-15 s (36-40 s),
+this file 272 s (731 s).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.integrations.with_vllm.vllm_env import require_vllm
 
@@ -32,11 +35,17 @@ from hisparse_hal.testing.broken_vllm_backends import PLANTED  # noqa: E402
 REPO = Path(__file__).resolve().parents[3]
 ADAPTER = "hisparse_hal.integrations.vllm_backend:CpuHiSparseBackend"
 INDEPENDENT = "tests.integrations.with_vllm.independent_backend:IndependentCpuBackend"
+DEFAULTS = "tests.integrations.with_vllm.vllm_defaults_backend:VllmDefaultsBackend"
 PLANTED_MODULE = "hisparse_hal.testing.broken_vllm_backends"
-#: Tests that use a member beyond vLLM's 14 (never collected for this contract).
+#: Tests beyond vLLM's contract (never collected for it): a member beyond vLLM's 14, or a refusal vLLM's own
+#: implementation does not make (a region check, a validate/prepare refusal, a gather id check).
 HAL_ONLY = ("test_pinning.py::test_pin_rolls_back_every_registered_chunk",
             "test_probe.py::test_the_backend_under_test_is_selected",
-            "test_swaps.py::test_swap_into_an_explicitly_registered_region")
+            "test_swaps.py::test_swap_into_an_explicitly_registered_region",
+            "test_swaps.py::test_swap_rejects_a_source_outside_every_known_region",
+            "test_config.py::test_a_bad_layer_layout_is_rejected",
+            "test_gathers.py::test_gather_rejects_ids_of_a_float_dtype",
+            "test_pinning.py::test_pin_rejects_what_cannot_be_pinned[non_contiguous]")
 
 
 def _conformance(tmp_path: Path, qualname: str, *args: str, timeout: float = 1800):
@@ -59,7 +68,7 @@ def _tail(done: subprocess.CompletedProcess) -> str:
     return (done.stdout[-4000:] + "\n" + done.stderr[-2000:]).strip()
 
 
-@pytest.mark.parametrize("qualname", [ADAPTER, INDEPENDENT], ids=["adapter", "independent"])
+@pytest.mark.parametrize("qualname", [ADAPTER, INDEPENDENT, DEFAULTS], ids=["adapter", "independent", "vllm_defaults"])
 def test_the_whole_vllm_contract_passes_a_good_class(tmp_path, qualname):
     done, doc = _conformance(tmp_path, qualname)
     assert done.returncode == 0, _tail(done)
@@ -78,6 +87,53 @@ def test_the_whole_vllm_contract_passes_a_good_class(tmp_path, qualname):
     assert capture and all(t["reason"].startswith(f"{CAPABILITY_SKIP_PREFIX}graph_capture") for t in capture)
     assert doc["facts"]["capabilities"]["graph_capture"] is False  # CPU: torch has no graph API there
     assert doc["facts"]["capabilities"]["ipc_events"] is True
+    verified = subprocess.run([sys.executable, "-m", "hisparse_hal.cli", "verify", str(tmp_path / "report")],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0 and verified.stdout.startswith("CONFORMANT"), verified.stdout + verified.stderr
+
+
+def test_the_class_with_vllms_defaults_keeps_them_and_fails_only_as_torch_ops_fail():
+    """The proof that the contract is vLLM's: the class overrides none of vLLM's three defaults, and bad input
+    reaches the suite as a plain RuntimeError (the vLLM contract's refusals accept any exception)."""
+    from vllm.v1.hisparse.backend import HiSparseBackend as VllmHiSparseBackend
+
+    from tests.integrations.with_vllm.vllm_defaults_backend import VllmDefaultsBackend
+
+    for hook in ("validate_kv_cache_config", "prepare_kv_cache_views", "gather_resident_rows"):
+        assert getattr(VllmDefaultsBackend, hook) is getattr(VllmHiSparseBackend, hook), hook
+    view = view_of(DEFAULTS)
+    assert view.capabilities.versions["gather_resident_rows"] == "vllm default"
+    with pytest.raises(RuntimeError) as raised:
+        view.unpin_tensor(torch.zeros(64, dtype=torch.uint8))
+    assert type(raised.value) is RuntimeError and "not pinned" in str(raised.value)
+    with pytest.raises(RuntimeError, match="must be int64") as raised:
+        view.swap_blocks_batch(torch.tensor([0]), torch.tensor([0], dtype=torch.int32), torch.tensor([0]))
+    assert type(raised.value) is RuntimeError
+
+
+def test_the_config_hooks_get_vllms_kv_cache_config(monkeypatch):
+    """vLLM hands the hooks its own KVCacheConfig (binding.py:139, 150); so does the suite's view, for every config
+    the suite builds (one placement per layer at its offset, one MLA group of the suite's rows)."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig as VllmKVCacheConfig
+
+    from hisparse_hal.kv_cache import KVCacheConfig, LayerSpec
+
+    view = view_of(ADAPTER)
+    seen: list[object] = []
+    monkeypatch.setattr(view.impl, "validate_kv_cache_config", seen.append)
+    monkeypatch.setattr(view.impl, "prepare_kv_cache_views", lambda config, caches, context: seen.append(config))
+    config = KVCacheConfig("bf16", 4, 4, 64, (LayerSpec("layer.0", 0), LayerSpec("layer.1", 4096)))
+    view.validate_kv_cache_config(config)
+    view.prepare_kv_cache_views(config, {}, {})
+    assert len(seen) == 2 and all(isinstance(c, VllmKVCacheConfig) for c in seen)
+    given = seen[0]
+    assert isinstance(given, VllmKVCacheConfig)
+    assert [(t.layers, t.offset, t.size, t.block_stride) for t in given.kv_cache_tensors] == [
+        (["layer.0"], 0, config.layer_bytes, config.block_bytes),
+        (["layer.1"], 4096, 4096 + config.layer_bytes, config.block_bytes)]
+    (group,) = given.kv_cache_groups
+    assert group.layer_names == ["layer.0", "layer.1"] and group.kv_cache_spec.dtype == torch.bfloat16
+    assert group.kv_cache_spec.block_size == 4 and group.kv_cache_spec.head_size == 64
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
