@@ -1,12 +1,7 @@
-"""vLLM's positional signatures of the four cache ops, derived from one module per vLLM release, wrapped around any
-implementation.
-
-:mod:`.vllm034` writes vLLM 0.34.0's parameter lists once; :class:`VllmSchemas` derives from them the schema
-strings :mod:`.library` registers, the ``inspect`` signatures and the argument counts, and :data:`REGISTRY` keeps one
-entry per vLLM release (0.34.0 the default). An implementation writes one function per op that takes the checked
-bundle (:class:`~.arguments.ResolveInputs`, :class:`~.arguments.GatherInputs`, :class:`~.arguments.InvalidateInputs`);
-:func:`vllm_ops` turns them into the four public functions with vLLM's argument names and order (vLLM passes all 23
-resolve arguments positionally, ``runtime.py:904-930``).
+"""The four cache ops' vLLM signatures, derived once from one module per vLLM release (:mod:`.vllm034`, the
+default of :data:`REGISTRY`): schema strings, ``inspect`` signatures, arities; and :func:`vllm_ops`, which wraps an
+implementation's bundle-taking functions (:mod:`.arguments`' ``ResolveInputs``, ``GatherInputs``,
+``InvalidateInputs``) in them (vLLM passes all 23 resolve arguments positionally, ``runtime.py:904-930``).
 
 Invariant: every public entry runs the shared check of :mod:`.arguments` first, so a bad argument raises
 ``InvalidArgumentError`` before the implementation sees (or writes) anything.
@@ -18,7 +13,7 @@ import dataclasses
 import functools
 import inspect
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -56,7 +51,7 @@ class OpSignature:
         return sum(p.default is inspect.Parameter.empty for p in parameters), len(parameters)
 
 
-def _schema_argument(op: str, parameter: inspect.Parameter, written: bool, letters: Any) -> str:
+def _schema_argument(op: str, parameter: inspect.Parameter, written: bool, letters: Iterator[str]) -> str:
     """One argument as vLLM spells it: ``Tensor!`` for a written required tensor, ``Tensor(a!)?`` for a written
     optional one (the next of ``letters``), then the name and ``=default``.
 
