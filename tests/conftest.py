@@ -12,7 +12,6 @@ import torch
 from hisparse_hal import registry
 from hisparse_hal.cache_ops import selection
 
-
 #: Set by pytest-xdist in each worker process (``gw0``, ``gw1``, ...).
 XDIST_WORKER_ENV = "PYTEST_XDIST_WORKER"
 
