@@ -62,20 +62,29 @@ def _resolve(requests: int, queries: int, top_k: int, slots: int) -> list[triton
     slab = torch.empty(hot_blocks * 2 * BLOCK * ROW_BYTES, dtype=torch.uint8, device="meta")
     hot = torch.as_strided(slab, (hot_blocks, BLOCK, ROW_BYTES), (2 * BLOCK * ROW_BYTES, ROW_BYTES, 1))
     inputs = arguments.check_resolve_residency(
-        _meta((1 + requests * pages) * BLOCK, ROW_BYTES, dtype=torch.uint8),  # host cache
-        hot,
-        _meta(requests, hot_blocks // requests),  # hot block table
-        _meta(rows, top_k),  # global (top-k) indices
-        _meta(rows, top_k),  # hot indices
-        _meta(requests, slots),  # device global indices
-        _meta(requests, slots, dtype=torch.int16),  # LRU slots
-        _meta(requests),  # request state indices
-        slots, queries * top_k,  # region stride, max union rows
-        _meta(2, dtype=torch.uint64), _meta(rows, top_k + 64)[:, :top_k], 2 * BLOCK,  # stats, attention
-        _meta(rows), _meta(requests, pages), BLOCK,  # request ids, source block table
-        _meta(rows), _meta(rows, top_k), _meta(rows, top_k), _meta(rows),  # valid counts, swaps
-        _meta(requests, pages), BLOCK,  # resident block table (by state row)
-        _meta(1),  # num_valid_rows
+        host_cache=_meta((1 + requests * pages) * BLOCK, ROW_BYTES, dtype=torch.uint8),
+        hot_cache=hot,
+        hot_block_table=_meta(requests, hot_blocks // requests),
+        global_indices=_meta(rows, top_k),
+        hot_indices=_meta(rows, top_k),
+        device_global_indices=_meta(requests, slots),
+        lru_slots=_meta(requests, slots, dtype=torch.int16),
+        request_state_indices=_meta(requests),
+        region_stride=slots,
+        max_union_rows=queries * top_k,
+        stats=_meta(2, dtype=torch.uint64),
+        attention_indices=_meta(rows, top_k + 64)[:, :top_k],
+        attention_block_stride=2 * BLOCK,
+        request_ids=_meta(rows),
+        source_block_table=_meta(requests, pages),
+        source_block_size=BLOCK,
+        valid_counts=_meta(rows),
+        swap_host_physical_rows=_meta(rows, top_k),
+        swap_device_physical_rows=_meta(rows, top_k),
+        swap_counts=_meta(rows),
+        resident_block_table=_meta(requests, pages),  # by state row
+        resident_block_size=BLOCK,
+        num_valid_rows=_meta(1),
     )
     return triton_impl.plan_resolve_residency(inputs)
 

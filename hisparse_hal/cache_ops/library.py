@@ -1,4 +1,5 @@
-"""The four cache ops as torch custom ops, ``torch.ops.hisparse_hal.*``, with vLLM 0.34.0's schemas.
+"""The four cache ops as torch custom ops, ``torch.ops.hisparse_hal.*``, with vLLM 0.34.0's schemas
+(:data:`.signatures.DEFAULT_VLLM`).
 
 Invariant: each op is defined once per process (importing again is a no-op); a call runs the implementation
 ``selection.implementation_for`` chose for its tensors' device (``host_impl`` on CPU, Triton or torch on CUDA/HIP),
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from . import selection
+from .signatures import DEFAULT_VLLM, OP_NAMES, REGISTRY
 
 __all__ = ["NAMESPACE", "OP_NAMES", "SCHEMAS", "VLLM_OP_NAMES", "register"]
 
@@ -22,34 +24,10 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE = "hisparse_hal"
 
-# Argument lists as vLLM 0.34.0 registers them under torch.ops._C_cache_ops (design note §3.1, from
-# csrc/torch_bindings.cpp:1070-1114 of the 0.34.0 sdist; whitespace collapsed). No extensions.
-SCHEMAS: dict[str, str] = {
-    "resolve_residency": (
-        "(Tensor host_cache, Tensor! hot_cache, Tensor hot_block_table, Tensor global_indices, "
-        "Tensor! hot_indices, Tensor! device_global_indices, Tensor! lru_slots, Tensor? request_state_indices, "
-        "int region_stride, int max_union_rows, Tensor(a!)? stats=None, Tensor(b!)? attention_indices=None, "
-        "int attention_block_stride=0, Tensor? request_ids=None, Tensor? source_block_table=None, "
-        "int source_block_size=0, Tensor(c!)? valid_counts=None, Tensor(d!)? swap_host_physical_rows=None, "
-        "Tensor(e!)? swap_device_physical_rows=None, Tensor(f!)? swap_counts=None, "
-        "Tensor? resident_block_table=None, int resident_block_size=0, Tensor? num_valid_rows=None) -> ()"
-    ),
-    "gather_compact": (
-        "(Tensor host_cache, Tensor! hot_cache, Tensor miss_global_indices, Tensor miss_hot_indices, "
-        "Tensor miss_counts) -> ()"
-    ),
-    "gather_plan": (
-        "(Tensor host_cache, Tensor! hot_cache, Tensor global_indices, Tensor hot_indices, "
-        "Tensor miss_mask) -> ()"
-    ),
-    # The tables named by address are written through raw pointers, invisibly to torch's alias analysis,
-    # exactly as vLLM's op does (its first argument is not ``Tensor!``).
-    "invalidate_written_slots": (
-        "(Tensor device_global_indices_ptrs, Tensor request_state_indices, Tensor req_id_per_token, "
-        "Tensor written_slots, int num_state_rows, int region_stride) -> ()"
-    ),
-}
-OP_NAMES: tuple[str, ...] = tuple(SCHEMAS)
+#: Op name -> argument list, as vLLM 0.34.0 registers it under torch.ops._C_cache_ops (no extensions), derived
+#: once from :mod:`.vllm034` by :mod:`.signatures`. Invalidation's first argument is not ``Tensor!``: it writes
+#: the tables it names through raw pointers, invisibly to torch's alias analysis, exactly as vLLM's op does.
+SCHEMAS: dict[str, str] = REGISTRY.get(DEFAULT_VLLM).schemas
 # Our op name -> the name vLLM 0.34.0 registers under torch.ops._C_cache_ops.
 VLLM_OP_NAMES: dict[str, str] = {name: f"hisparse_{name}" for name in OP_NAMES}
 

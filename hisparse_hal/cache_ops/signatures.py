@@ -1,9 +1,7 @@
-"""vLLM 0.34.0's positional signatures of the four cache ops, written once, wrapped around any implementation.
-
-An implementation writes one function per op that takes the checked bundle (:class:`~.arguments.ResolveInputs`,
-:class:`~.arguments.GatherInputs`, :class:`~.arguments.InvalidateInputs`); :func:`vllm_ops` turns them into the
-four public functions with vLLM's argument names and order (design note §3.1; vLLM passes all 23 resolve
-arguments positionally, ``runtime.py:904-930``).
+"""The four cache ops' vLLM signatures, derived once from one module per vLLM release (:mod:`.vllm034`, the
+default of :data:`REGISTRY`): schema strings, ``inspect`` signatures, arities; and :func:`vllm_ops`, which wraps an
+implementation's bundle-taking functions (:mod:`.arguments`' ``ResolveInputs``, ``GatherInputs``,
+``InvalidateInputs``) in them (vLLM passes all 23 resolve arguments positionally, ``runtime.py:904-930``).
 
 Invariant: every public entry runs the shared check of :mod:`.arguments` first, so a bad argument raises
 ``InvalidArgumentError`` before the implementation sees (or writes) anything.
@@ -12,28 +10,159 @@ Invariant: every public entry runs the shared check of :mod:`.arguments` first, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
-from collections.abc import Callable
+import string
+from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
 from typing import Any
 
-import torch
+from hisparse_hal.errors import CacheOpArityError, InvalidArgumentError
 
-from hisparse_hal.errors import CacheOpArityError
-
-from . import arguments
+from . import arguments, vllm034
 from .arguments import GatherInputs, InvalidateInputs, ResolveInputs
 
-__all__ = ["ARITY", "OP_NAMES", "SIGNATURES", "VllmOps", "method_signature", "positional_arguments", "vllm_ops"]
+__all__ = ["ARITY", "DEFAULT_VLLM", "OP_NAMES", "REGISTRY", "SIGNATURES", "OpSignature", "SchemaRegistry",
+           "VllmOps", "VllmSchemas", "method_signature", "positional_arguments", "schemas_from_module", "vllm_ops"]
+
+#: A parameter's annotation (as its module spells it) -> its type in a torch schema.
+_SCHEMA_TYPES = {"Tensor": "Tensor", "Tensor | None": "Tensor?", "int": "int"}
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSignature:
+    """One op of one vLLM release: its prototype (parameters and docstring) and the arguments its schema writes."""
+
+    name: str
+    prototype: Callable[..., None]
+    writes: tuple[str, ...]
+    signature: inspect.Signature = dataclasses.field(init=False, compare=False)
+    schema: str = dataclasses.field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        signature = inspect.signature(self.prototype)
+        object.__setattr__(self, "signature", signature)  # frozen: derived once, here
+        object.__setattr__(self, "schema", _schema(self.name, signature, self.writes))
+
+    @property
+    def arity(self) -> tuple[int, int]:
+        """``(required, total)`` argument counts."""
+        parameters = self.signature.parameters.values()
+        return sum(p.default is inspect.Parameter.empty for p in parameters), len(parameters)
+
+
+def _schema_argument(op: str, parameter: inspect.Parameter, written: bool, letters: Iterator[str]) -> str:
+    """One argument as vLLM spells it: ``Tensor!`` for a written required tensor, ``Tensor(a!)?`` for a written
+    optional one (the next of ``letters``), then the name and ``=default``.
+
+    Raises:
+        InvalidArgumentError: the annotation has no schema type, or an ``int`` is marked written.
+    """
+    kind = _SCHEMA_TYPES.get(str(parameter.annotation))
+    if kind is None or (written and kind == "int"):
+        raise InvalidArgumentError(f"{op}'s parameter {parameter.name} is annotated {parameter.annotation!r}"
+                                   f"{' and written' if written else ''}; expected one of {', '.join(_SCHEMA_TYPES)}"
+                                   " (only tensors written)")
+    if written:
+        kind = f"Tensor({next(letters)}!)?" if kind == "Tensor?" else "Tensor!"
+    default = "" if parameter.default is inspect.Parameter.empty else f"={parameter.default!r}"
+    return f"{kind} {parameter.name}{default}"
+
+
+def _schema(op: str, signature: inspect.Signature, writes: tuple[str, ...]) -> str:
+    """The schema's argument list and return, ``(...) -> ()``, of an op returning nothing.
+
+    Raises:
+        InvalidArgumentError: ``writes`` names no parameter, or a parameter has no schema type.
+    """
+    unknown = sorted(set(writes) - set(signature.parameters))
+    if unknown:
+        raise InvalidArgumentError(f"{op} writes {', '.join(unknown)}; expected names among its parameters")
+    letters = iter(string.ascii_lowercase)
+    spelled = [_schema_argument(op, p, p.name in writes, letters) for p in signature.parameters.values()]
+    return f"({', '.join(spelled)}) -> ()"
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmSchemas:
+    """The four ops' signatures of one vLLM release, in our op order, and where vLLM defines them."""
+
+    version: str
+    source: str
+    ops: Mapping[str, OpSignature]
+
+    @property
+    def schemas(self) -> dict[str, str]:
+        """Op name -> schema argument list, ``(...) -> ()``, as ``torch.library`` defines it."""
+        return {name: op.schema for name, op in self.ops.items()}
+
+
+def schemas_from_module(module: ModuleType) -> VllmSchemas:
+    """The :class:`VllmSchemas` of a per-release module such as :mod:`.vllm034` (its ``VERSION``, ``SOURCE``,
+    ``OPS`` prototypes and ``WRITES``).
+
+    Raises:
+        InvalidArgumentError: a prototype's annotation has no schema type, or ``WRITES`` names an unknown
+            parameter.
+    """
+    ops = {op.__name__: OpSignature(op.__name__, op, tuple(module.WRITES[op.__name__])) for op in module.OPS}
+    return VllmSchemas(module.VERSION, module.SOURCE, ops)
+
+
+class SchemaRegistry:
+    """vLLM release -> its :class:`VllmSchemas`; the first entry is the default. Adding a release never replaces
+    or drops another, so a 0.35 module beside :mod:`.vllm034` keeps 0.34.0 selectable."""
+
+    def __init__(self, default: VllmSchemas) -> None:
+        self._entries: dict[str, VllmSchemas] = {default.version: default}
+        self.default = default.version
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """The registered releases, in the order they were added."""
+        return tuple(self._entries)
+
+    def add(self, schemas: VllmSchemas) -> None:
+        """Register one more release.
+
+        Raises:
+            InvalidArgumentError: ``schemas.version`` is registered already (naming it).
+        """
+        if schemas.version in self._entries:
+            raise InvalidArgumentError(f"vLLM {schemas.version}'s cache-op schemas are registered already; "
+                                       "expected a release not yet among " + ", ".join(self._entries))
+        self._entries[schemas.version] = schemas
+
+    def get(self, version: str | None = None) -> VllmSchemas:
+        """The signatures of vLLM ``version`` (the default release when None).
+
+        Raises:
+            InvalidArgumentError: no entry for ``version`` (naming it and the registered ones).
+        """
+        found = self._entries.get(self.default if version is None else version)
+        if found is None:
+            raise InvalidArgumentError(f"vLLM {version!r} has no registered cache-op schemas; expected one of "
+                                       + ", ".join(self._entries))
+        return found
+
+
+#: Every vLLM release whose cache-op schemas hisparse-hal knows: one module each.
+REGISTRY = SchemaRegistry(schemas_from_module(vllm034))
+#: The release ``torch.ops.hisparse_hal`` registers and ``create_cache_ops`` serves.
+DEFAULT_VLLM: str = REGISTRY.default
+_DEFAULT = REGISTRY.get()
 
 #: Our op names, in the order of vLLM's ``hisparse_*`` ops (``torch.ops._C_cache_ops.hisparse_<name>``).
-OP_NAMES: tuple[str, ...] = ("resolve_residency", "gather_compact", "gather_plan", "invalidate_written_slots")
-
-Tensor = torch.Tensor
+OP_NAMES: tuple[str, ...] = tuple(_DEFAULT.ops)
+#: Each op's signature, vLLM's parameter names, order and defaults (:mod:`.vllm034`).
+SIGNATURES: dict[str, inspect.Signature] = {name: op.signature for name, op in _DEFAULT.ops.items()}
+#: Each op's ``(required, total)`` argument counts: resolve 10 to 23, the gathers 5, invalidation 6.
+ARITY: dict[str, tuple[int, int]] = {name: op.arity for name, op in _DEFAULT.ops.items()}
 
 
 @dataclasses.dataclass(frozen=True)
 class VllmOps:
-    """The four ops of one implementation with vLLM 0.34.0's positional signatures."""
+    """The four ops of one implementation with vLLM's positional signatures."""
 
     resolve_residency: Callable[..., None]
     gather_compact: Callable[..., None]
@@ -41,121 +170,15 @@ class VllmOps:
     invalidate_written_slots: Callable[..., None]
 
 
-def _resolve_residency(run: Callable[[ResolveInputs], None]) -> Callable[..., None]:
-    """vLLM's ``hisparse_resolve_residency`` signature around ``run``."""
+def _entry(name: str, run: Callable[[Any], None]) -> Callable[..., None]:
+    """Op ``name``'s public function around ``run``: the shared check binds vLLM's arguments (positional or by
+    name) into the bundle ``run`` takes. ``inspect.signature`` and ``help()`` show the release's prototype."""
+    check = getattr(arguments, f"check_{name}")
 
-    def resolve_residency(
-        host_cache: Tensor,
-        hot_cache: Tensor,
-        hot_block_table: Tensor,
-        global_indices: Tensor,
-        hot_indices: Tensor,
-        device_global_indices: Tensor,
-        lru_slots: Tensor,
-        request_state_indices: Tensor | None,
-        region_stride: int,
-        max_union_rows: int,
-        stats: Tensor | None = None,
-        attention_indices: Tensor | None = None,
-        attention_block_stride: int = 0,
-        request_ids: Tensor | None = None,
-        source_block_table: Tensor | None = None,
-        source_block_size: int = 0,
-        valid_counts: Tensor | None = None,
-        swap_host_physical_rows: Tensor | None = None,
-        swap_device_physical_rows: Tensor | None = None,
-        swap_counts: Tensor | None = None,
-        resident_block_table: Tensor | None = None,
-        resident_block_size: int = 0,
-        num_valid_rows: Tensor | None = None,
-    ) -> None:
-        """Plan one decode or verification step (vLLM 0.34.0 ``hisparse_resolve_residency``, 23 arguments).
-
-        Translates top-k token positions to host rows, finds hot-buffer hits per contiguous request run, gives
-        misses the oldest evictable slots, writes indices, swap plan, counts and stats, and rewrites the
-        DGI and LRU state (docs/design/cache-ops.md). Moves no KV bytes.
-
-        Raises:
-            InvalidArgumentError: a dtype, shape, device, stride or scalar vLLM's op rejects (nothing written).
-            UnionOverflowError: a run selects more than ``max_union_rows`` host rows (nothing written; on a
-                GPU a device-side assertion instead, see the design doc).
-        """
-        run(arguments.check_resolve_residency(
-            host_cache, hot_cache, hot_block_table, global_indices, hot_indices, device_global_indices,
-            lru_slots, request_state_indices, region_stride, max_union_rows, stats, attention_indices,
-            attention_block_stride, request_ids, source_block_table, source_block_size, valid_counts,
-            swap_host_physical_rows, swap_device_physical_rows, swap_counts, resident_block_table,
-            resident_block_size, num_valid_rows,
-        ))
-    return resolve_residency
-
-
-def _gather_compact(run: Callable[[GatherInputs], None]) -> Callable[..., None]:
-    """vLLM's ``hisparse_gather_compact`` signature around ``run``."""
-
-    def gather_compact(
-        host_cache: Tensor,
-        hot_cache: Tensor,
-        miss_global_indices: Tensor,
-        miss_hot_indices: Tensor,
-        miss_counts: Tensor,
-    ) -> None:
-        """Copy each row's first ``clamp(miss_counts[r], 0, K)`` planned host rows to hot rows (vLLM 0.34.0
-        ``hisparse_gather_compact``). Host rows past the end zero-fill; negative sources or destinations
-        outside the hot cache are skipped; a destination named twice ends with the later entry.
-
-        Raises:
-            InvalidArgumentError: a dtype, shape, device or stride check failed (nothing copied).
-        """
-        run(arguments.check_gather_compact(host_cache, hot_cache, miss_global_indices, miss_hot_indices,
-                                              miss_counts))
-    return gather_compact
-
-
-def _gather_plan(run: Callable[[GatherInputs], None]) -> Callable[..., None]:
-    """vLLM's ``hisparse_gather_plan`` signature around ``run``."""
-
-    def gather_plan(
-        host_cache: Tensor,
-        hot_cache: Tensor,
-        global_indices: Tensor,
-        hot_indices: Tensor,
-        miss_mask: Tensor,
-    ) -> None:
-        """Copy host row ``global_indices[r, c]`` to hot row ``hot_indices[r, c]`` where ``miss_mask`` is
-        nonzero (vLLM 0.34.0 ``hisparse_gather_plan``), with ``compact``'s skip and zero-fill rules.
-
-        Raises:
-            InvalidArgumentError: a dtype, shape, device or stride check failed (nothing copied).
-        """
-        run(arguments.check_gather_plan(host_cache, hot_cache, global_indices, hot_indices, miss_mask))
-    return gather_plan
-
-
-def _invalidate_written_slots(run: Callable[[InvalidateInputs], None]) -> Callable[..., None]:
-    """vLLM's ``hisparse_invalidate_written_slots`` signature around ``run``."""
-
-    def invalidate_written_slots(
-        device_global_indices_ptrs: Tensor,
-        request_state_indices: Tensor,
-        req_id_per_token: Tensor,
-        written_slots: Tensor,
-        num_state_rows: int,
-        region_stride: int,
-    ) -> None:
-        """In every table named by address, set to -1 each entry of a written token's state row that holds
-        the token's rewritten host row (vLLM 0.34.0 ``hisparse_invalidate_written_slots``).
-
-        Raises:
-            InvalidArgumentError: a dtype, shape or device check failed (nothing written).
-            UnknownTableError: an address names no registered table of shape ``[num_state_rows,
-                region_stride]`` (nothing written; on a GPU a device-side assertion instead).
-        """
-        run(arguments.check_invalidate_written_slots(
-            device_global_indices_ptrs, request_state_indices, req_id_per_token, written_slots, num_state_rows,
-            region_stride,
-        ))
-    return invalidate_written_slots
+    @functools.wraps(_DEFAULT.ops[name].prototype)
+    def entry(*args: Any, **kwargs: Any) -> None:
+        run(check(*args, **kwargs))
+    return entry
 
 
 def vllm_ops(
@@ -163,7 +186,7 @@ def vllm_ops(
     gather: Callable[[GatherInputs], None],
     invalidate: Callable[[InvalidateInputs], None],
 ) -> VllmOps:
-    """Wrap an implementation's bundle-taking functions in vLLM 0.34.0's four signatures.
+    """Wrap an implementation's bundle-taking functions in vLLM's four signatures.
 
     Args:
         resolve: runs one checked resolve call.
@@ -171,26 +194,11 @@ def vllm_ops(
         invalidate: runs one checked invalidation.
 
     Returns:
-        The four public functions (each checks its arguments first).
+        The four public functions (each checks its arguments first; a wrong count or an unknown keyword raises
+        ``TypeError`` before the check).
     """
-    return VllmOps(_resolve_residency(resolve), _gather_compact(gather), _gather_plan(gather),
-                   _invalidate_written_slots(invalidate))
-
-
-def _ignore(inputs: object) -> None:
-    """Stands in for an implementation where only the signatures are wanted."""
-
-
-#: Each op's signature, vLLM 0.34.0's parameter names, order and defaults (``csrc/torch_bindings.cpp:1070-1115``).
-SIGNATURES: dict[str, inspect.Signature] = {
-    name: inspect.signature(getattr(vllm_ops(_ignore, _ignore, _ignore), name)) for name in OP_NAMES
-}
-#: Each op's ``(required, total)`` argument counts: resolve 10 to 23, the gathers 5, invalidation 6.
-ARITY: dict[str, tuple[int, int]] = {
-    name: (sum(p.default is inspect.Parameter.empty for p in signature.parameters.values()),
-           len(signature.parameters))
-    for name, signature in SIGNATURES.items()
-}
+    return VllmOps(_entry("resolve_residency", resolve), _entry("gather_compact", gather),
+                   _entry("gather_plan", gather), _entry("invalidate_written_slots", invalidate))
 
 
 def method_signature(name: str) -> inspect.Signature:

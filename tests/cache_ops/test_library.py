@@ -1,8 +1,10 @@
-"""``torch.ops.hisparse_hal.*``: vLLM 0.33.0's schemas, dispatch per device, fake kernels, torch.compile."""
+"""``torch.ops.hisparse_hal.*``: vLLM 0.34.0's schemas (derived once from ``vllm034``, one registry entry per vLLM
+release), dispatch per device, fake kernels, torch.compile."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -11,8 +13,21 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from hisparse_hal.cache_ops import host_impl, library, oracle, selection, tables, torch_impl
+from hisparse_hal.cache_ops import (
+    arguments,
+    bound,
+    host_impl,
+    library,
+    oracle,
+    selection,
+    signatures,
+    tables,
+    torch_impl,
+    vllm034,
+)
 from hisparse_hal.cache_ops.sequences import SHAPES, SequenceShape, build_sequence, run_sequence
+from hisparse_hal.cache_ops.signatures import OpSignature, SchemaRegistry, VllmSchemas, schemas_from_module
+from hisparse_hal.errors import InvalidArgumentError
 
 I32 = torch.int32
 OPS = torch.ops.hisparse_hal
@@ -66,6 +81,115 @@ def test_resolve_takes_23_positional_arguments_and_no_extension() -> None:
     schema = OPS.resolve_residency.default._schema
     assert len(schema.arguments) == 23 and not any(a.kwarg_only for a in schema.arguments)
     assert schema.arguments[-1].name == "num_valid_rows"
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_SCHEMAS))
+def test_schema_derived_from_vllm034_is_vllms_string(name: str) -> None:
+    derived = signatures.REGISTRY.get("0.34.0").ops[name].schema
+    assert f"hisparse_{name}{derived}" == VLLM_SCHEMAS[name]
+    assert library.SCHEMAS[name] == derived
+
+
+def _schema_facts(schema: Any) -> list[tuple[str, str, bool, Any]]:
+    """(name, type, written, default) of every argument, ``SymInt`` read as ``int``."""
+    return [(name, kind.replace("SymInt", "int"), written, default)
+            for name, kind, written, default, _ in _arguments(schema)]
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_SCHEMAS))
+def test_torchs_infer_schema_of_the_vllm034_prototype_agrees(name: str) -> None:
+    op = signatures.REGISTRY.get().ops[name]
+
+    def prototype(*args: Any) -> None:
+        """Stands in for the prototype with its annotations evaluated, as ``infer_schema`` reads them."""
+    prototype.__signature__ = inspect.signature(op.prototype, eval_str=True)  # type: ignore[attr-defined]
+    inferred = torch.library.infer_schema(prototype, mutates_args=op.writes)
+    assert _schema_facts(torch._C.parse_schema(f"x{inferred}")) == _schema_facts(
+        torch._C.parse_schema(VLLM_SCHEMAS[name]))
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_SCHEMAS))
+def test_every_public_signature_is_the_vllm034_prototypes(name: str) -> None:
+    prototype = inspect.signature(getattr(vllm034, name))
+    for module in (host_impl, torch_impl, oracle):
+        assert inspect.signature(getattr(module, name)) == prototype, module.__name__
+        assert getattr(module, name).__doc__ == getattr(vllm034, name).__doc__
+    method = inspect.signature(getattr(bound.CacheOps, f"hisparse_{name}"))
+    assert list(method.parameters)[0] == "self"
+    assert list(method.parameters.values())[1:] == list(prototype.parameters.values())
+    check = inspect.signature(getattr(arguments, f"check_{name}"))
+    assert [(p.name, p.default) for p in check.parameters.values()] == [
+        (p.name, p.default) for p in prototype.parameters.values()], "the shared check binds vLLM's arguments"
+
+
+def test_one_op_names_tuple_in_vllms_order() -> None:
+    assert library.OP_NAMES is signatures.OP_NAMES
+    assert signatures.OP_NAMES == ("resolve_residency", "gather_compact", "gather_plan", "invalidate_written_slots")
+    assert signatures.ARITY == {"resolve_residency": (10, 23), "gather_compact": (5, 5), "gather_plan": (5, 5),
+                                "invalidate_written_slots": (6, 6)}
+
+
+def test_an_entry_called_by_name_checks_and_runs_like_a_positional_call() -> None:
+    dgi, pointers = _registered_table([[5, 7, 5]])
+    host_impl.invalidate_written_slots(
+        device_global_indices_ptrs=pointers, request_state_indices=torch.tensor([0], dtype=I32),
+        req_id_per_token=torch.tensor([0], dtype=I32), written_slots=torch.tensor([5]), num_state_rows=1,
+        region_stride=3)
+    assert dgi.tolist() == [[-1, 7, -1]]
+    with pytest.raises(TypeError, match="stride"):
+        host_impl.invalidate_written_slots(pointers, torch.tensor([0], dtype=I32), torch.tensor([0], dtype=I32),
+                                           torch.tensor([5]), 1, stride=3)
+
+
+def _made_up_release() -> VllmSchemas:
+    """A vLLM "0.35.0-test" whose resolve takes one more optional written tensor: built here only."""
+    base = inspect.signature(vllm034.resolve_residency)
+    extra = inspect.Parameter("spill_rows", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                              annotation="Tensor | None")
+
+    def resolve_residency(*args: Any) -> None:
+        """The made-up release's resolve."""
+    resolve_residency.__signature__ = base.replace(  # type: ignore[attr-defined]
+        parameters=[*base.parameters.values(), extra])
+    release = SimpleNamespace(
+        VERSION="0.35.0-test", SOURCE="made up by the test",
+        OPS=(resolve_residency, *vllm034.OPS[1:]),
+        WRITES={**vllm034.WRITES, "resolve_residency": (*vllm034.WRITES["resolve_residency"], "spill_rows")},
+    )
+    return schemas_from_module(release)  # type: ignore[arg-type]
+
+
+def test_a_second_vllm_release_keeps_0_34_registered_default_and_selectable() -> None:
+    registry = SchemaRegistry(schemas_from_module(vllm034))
+    registry.add(_made_up_release())
+    assert registry.versions == ("0.34.0", "0.35.0-test") and registry.default == "0.34.0"
+    assert registry.get().version == "0.34.0"
+    assert registry.get("0.34.0").schemas == library.SCHEMAS
+    later = registry.get("0.35.0-test").ops["resolve_residency"]
+    assert later.arity == (10, 24)
+    assert later.schema.endswith("Tensor? num_valid_rows=None, Tensor(g!)? spill_rows=None) -> ()")
+    assert registry.get("0.34.0").ops["resolve_residency"].arity == (10, 23)
+    with pytest.raises(InvalidArgumentError, match=r"0\.34\.0's cache-op schemas are registered already"):
+        registry.add(schemas_from_module(vllm034))
+    with pytest.raises(InvalidArgumentError, match=r"'0\.99\.0' has no registered cache-op schemas; expected one of "
+                                                   r"0\.34\.0, 0\.35\.0-test"):
+        registry.get("0.99.0")
+    assert signatures.REGISTRY.versions == ("0.34.0",), "the made-up release stays in the test"
+
+
+@pytest.mark.parametrize(("annotation", "writes", "message"), [
+    ("Tensor", ("nope",), "x writes nope; expected names among its parameters"),
+    ("float", (), "x's parameter a is annotated 'float'; expected one of Tensor"),
+    ("int", ("a",), "x's parameter a is annotated 'int' and written"),
+])
+def test_a_prototype_without_a_schema_spelling_is_refused(annotation: str, writes: tuple[str, ...],
+                                                          message: str) -> None:
+    def x(*args: Any) -> None:
+        """A one-parameter prototype."""
+    x.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("a", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation)])
+    with pytest.raises(InvalidArgumentError, match=message):
+        OpSignature("x", x, writes)
 
 
 def _registered_table(values: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
