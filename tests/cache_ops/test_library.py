@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hisparse_hal.cache_ops import host_impl, library, oracle, selection, tables, torch_impl
-from hisparse_hal.cache_ops.sequences import SHAPES, SequenceShape, build_sequence, run_sequence
+from hisparse_hal.testing.sequences import SHAPES, SequenceShape, build_sequence, run_sequence
 
 I32 = torch.int32
 OPS = torch.ops.hisparse_hal

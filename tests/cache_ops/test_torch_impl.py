@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hisparse_hal.cache_ops import device_checks, host_impl, oracle, torch_impl
-from hisparse_hal.cache_ops.sequences import (
+from hisparse_hal.errors import UnionOverflowError
+from hisparse_hal.testing.host_sync_guard import HostSyncError, no_host_sync
+from hisparse_hal.testing.sequences import (
     SHAPES,
     SequenceRun,
     SequenceShape,
@@ -20,8 +22,6 @@ from hisparse_hal.cache_ops.sequences import (
     decode_sequences,
     run_sequence,
 )
-from hisparse_hal.errors import UnionOverflowError
-from hisparse_hal.testing.host_sync_guard import HostSyncError, no_host_sync
 from tests.cache_ops.model import I32, Model
 from tests.cache_ops.poisoned_outputs import ResolveOutputs
 
