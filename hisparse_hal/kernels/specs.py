@@ -12,8 +12,8 @@ import dataclasses
 
 import torch
 
-from . import arguments, triton_impl
-from .shapes import BLOCK, ROW_BYTES, TOP_K
+from hisparse_hal.cache_ops import arguments, triton_impl
+from hisparse_hal.cache_ops.shapes import BLOCK, ROW_BYTES, TOP_K
 
 __all__ = ["KernelCase", "LANE_TOP_K", "REQUESTS", "production_cases", "lane_cases", "all_cases"]
 
