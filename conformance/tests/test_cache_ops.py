@@ -29,6 +29,12 @@ from hisparse_hal.testing.sequences import (
     run_sequence,
 )
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "cache_ops"
+ORDER = 100
+TITLE = "Cache ops"
+
 #: Positions of INVARIANT_SEEDS whose 77_000 + i sequence checks nothing (first step raises or loads no host row).
 INVARIANT_SEED_OVERRIDES: dict[int, int] = {4: 77_044, 10: 77_050, 11: 77_051, 13: 77_053, 18: 77_058, 19: 77_059,
                                             20: 77_060, 22: 77_102, 24: 77_064, 34: 77_074}

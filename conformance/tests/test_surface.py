@@ -20,6 +20,12 @@ from hisparse_hal.conformance.vllm_contract import VLLM_METHOD_PARAMETERS, VllmC
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.testing.sequences import SHAPES, SequenceRun, build_sequence, run_sequence
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "surface"
+ORDER = 20
+TITLE = "vLLM surface"
+
 # vLLM 0.34.0 csrc/torch_bindings.cpp:1070-1114 (`ops.def` of the four HiSparse ops; whitespace collapsed).
 VLLM_SCHEMAS = {
     "resolve_residency": (  # torch_bindings.cpp:1070-1093
