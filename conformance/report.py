@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .tiers import read_tiers
+
 __all__ = [
     "AREAS",
     "OUTCOMES",
@@ -41,15 +43,11 @@ __all__ = [
     "run_text",
 ]
 
-#: Areas in tier order; a test's area is its module name without ``test_`` (``test_swaps.py`` -> swaps).
-AREAS = ("probe", "surface", "swaps", "gathers", "pinning", "config", "stats", "capture", "ipc", "cache_ops",
-         "scenario", "claims")
-AREA_TITLES = {
-    "probe": "Probe", "surface": "vLLM surface",
-    "swaps": "Swaps", "gathers": "Gathers", "pinning": "Pinning", "config": "KV config and views",
-    "stats": "Stats", "capture": "Graph capture", "ipc": "IPC events", "cache_ops": "Cache ops",
-    "scenario": "TP scenario (integration)", "claims": "Capability claims",
-}
+#: Areas in tier order; a test's area is its module name without ``test_`` (``test_swaps.py`` -> swaps). Each
+#: tier module declares its AREA, ORDER and TITLE (:mod:`.tiers`), so a new tier is one file.
+_TIERS = read_tiers()
+AREAS = tuple(tier.area for tier in _TIERS)
+AREA_TITLES = {tier.area: tier.title for tier in _TIERS}
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
 FAILING = ("failed", "xpassed")
 

@@ -276,10 +276,10 @@ def _bench_options(bench: argparse.ArgumentParser) -> None:
 
 
 def _kernels_options(kernels: argparse.ArgumentParser) -> None:
-    from .cache_ops import kernel_report, kernels_command
+    from .kernels import command, report
 
-    kernel_report.add_arguments(kernels)
-    kernels.set_defaults(func=kernels_command.run)
+    report.add_arguments(kernels)
+    kernels.set_defaults(func=command.run)
 
 
 def _scenario_options(scenario: argparse.ArgumentParser) -> None:

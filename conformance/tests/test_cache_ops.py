@@ -17,7 +17,9 @@ import torch
 
 from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.cache_ops import device_checks, oracle
-from hisparse_hal.cache_ops.sequences import (
+from hisparse_hal.conformance.arenas import synchronize
+from hisparse_hal.conformance.vllm_contract import VllmOpNames
+from hisparse_hal.testing.sequences import (
     POISON,
     SHAPES,
     DecodeSequence,
@@ -30,6 +32,12 @@ from hisparse_hal.conformance.arenas import synchronize
 from hisparse_hal.conformance.contracts import typed_refusals
 from hisparse_hal.conformance.vllm_contract import VllmOpNames
 from hisparse_hal.errors import InvalidArgumentError, UnionOverflowError
+
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "cache_ops"
+ORDER = 100
+TITLE = "Cache ops"
 
 #: Positions of INVARIANT_SEEDS whose 77_000 + i sequence checks nothing (first step raises or loads no host row).
 INVARIANT_SEED_OVERRIDES: dict[int, int] = {4: 77_044, 10: 77_050, 11: 77_051, 13: 77_053, 18: 77_058, 19: 77_059,

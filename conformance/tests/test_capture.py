@@ -11,6 +11,12 @@ from hisparse_hal.conformance.arenas import allocate_guarded, device_caches, pin
 from hisparse_hal.conformance.swap_plan import SwapPlan
 from hisparse_hal.errors import CaptureMisuseError, InvalidDescriptorError
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "capture"
+ORDER = 80
+TITLE = "Graph capture"
+
 needs_capture = pytest.mark.needs("graph_capture")
 
 

@@ -14,6 +14,12 @@ from hisparse_hal.capabilities import KV_FORMATS
 from hisparse_hal.conformance.plugin import CLAIM_PROPERTY
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "claims"
+ORDER = 120
+TITLE = "Capability claims"
+
 
 def _claim_works(record_property, capability: str, evidence: str) -> None:
     """Record that ``capability`` is denied but works (the plugin gathers it into the report's ``claims``)."""

@@ -13,6 +13,12 @@ from hisparse_hal.conformance.arenas import park_cache_regions, pinned_host_pool
 from hisparse_hal.errors import InvalidArgumentError, InvalidDescriptorError, UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "config"
+ORDER = 60
+TITLE = "KV config and views"
+
 DS_MLA_ROW = 656
 
 

@@ -20,6 +20,12 @@ from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.gather import reference_gather_rows
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "gathers"
+ORDER = 40
+TITLE = "Gathers"
+
 FP8 = torch.float8_e4m3fn
 DS_MLA_ROW = 656
 

@@ -16,6 +16,12 @@ import torch.multiprocessing  # noqa: F401 - registers torch's reductions, so sh
 from hisparse_hal.conformance.ipc_peers import Peer
 from hisparse_hal.errors import HalError
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "ipc"
+ORDER = 90
+TITLE = "IPC events"
+
 pytestmark = pytest.mark.needs("ipc_events")
 
 #: Wait bound given to peers that wait on a record that will not complete (HISPARSE_HAL_EVENT_TIMEOUT_S).

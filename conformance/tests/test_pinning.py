@@ -25,6 +25,12 @@ from hisparse_hal.conformance.swap_plan import SwapPlan
 from hisparse_hal.errors import DeviceRuntimeError, InvalidArgumentError, InvalidDescriptorError
 from hisparse_hal.host_registration import plan_host_chunks
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "pinning"
+ORDER = 50
+TITLE = "Pinning"
+
 PAGE = mmap.PAGESIZE
 
 

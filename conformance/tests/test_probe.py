@@ -22,6 +22,12 @@ from hisparse_hal.kv_cache import KV_FORMAT_SPECS, KVCacheConfig, LayerSpec
 from hisparse_hal.python_child import python_command, python_environment
 from hisparse_hal.registry import BackendSpec, discover_specs, probe_backends, select_backend
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "probe"
+ORDER = 10
+TITLE = "Probe"
+
 NO_CONTEXT_SCRIPT = textwrap.dedent(
     """
     import json, sys

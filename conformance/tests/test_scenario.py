@@ -14,6 +14,12 @@ import pytest
 from hisparse_hal.scenario import FaultPlan, ScenarioConfig, ScenarioResult, run_scenario
 from hisparse_hal.scenario.config import ROW_BYTES
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "scenario"
+ORDER = 110
+TITLE = "TP scenario (integration)"
+
 #: The scenario's ranks read hisparse-hal's pinning records (host_registration, pinned_registrations).
 pytestmark = pytest.mark.hal_extension
 

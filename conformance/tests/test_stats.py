@@ -10,6 +10,12 @@ from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.conformance.arenas import allocate_guarded, synchronize
 from hisparse_hal.stats import STATS_MODULUS, read_stats, stats_delta
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "stats"
+ORDER = 70
+TITLE = "Stats"
+
 
 def test_stats_dtype_is_a_64_bit_integer_and_matches_capabilities(backend, capabilities):
     assert backend.stats_dtype in (torch.uint64, torch.int64), (

@@ -15,11 +15,17 @@ import torch
 
 from hisparse_hal.cache_ops import oracle
 from hisparse_hal.cache_ops.library import SCHEMAS
-from hisparse_hal.cache_ops.sequences import SHAPES, SequenceRun, build_sequence, run_sequence
 from hisparse_hal.conformance.arenas import synchronize
 from hisparse_hal.conformance.contracts import typed_refusals
 from hisparse_hal.conformance.vllm_contract import VLLM_METHOD_PARAMETERS, VllmContractView, suite_runtime
 from hisparse_hal.errors import InvalidArgumentError
+from hisparse_hal.testing.sequences import SHAPES, SequenceRun, build_sequence, run_sequence
+
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "surface"
+ORDER = 20
+TITLE = "vLLM surface"
 
 # vLLM 0.34.0 csrc/torch_bindings.cpp:1070-1114 (`ops.def` of the four HiSparse ops; whitespace collapsed).
 VLLM_SCHEMAS = {

@@ -24,6 +24,12 @@ from hisparse_hal.conformance.contracts import refused, typed_refusals
 from hisparse_hal.conformance.swap_plan import SwapPlan
 from hisparse_hal.errors import InvalidDescriptorError
 
+#: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
+#: run and its title in the reports.
+AREA = "swaps"
+ORDER = 30
+TITLE = "Swaps"
+
 KIB, MIB = 1 << 10, 1 << 20
 DIRECTIONS = ("device_to_host", "host_to_device", "device_to_device", "host_to_host")
 # Derandomized: the same cases on every run and machine, so reports are comparable across a matrix.

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from hisparse_hal.cache_ops import oracle
-from hisparse_hal.cache_ops.sequences import (
+from hisparse_hal.errors import InvalidArgumentError
+from hisparse_hal.testing.sequences import (
     SHAPES,
     CacheOpsLike,
     DecodeSequence,
@@ -29,7 +30,6 @@ from hisparse_hal.cache_ops.sequences import (
     build_sequence,
     run_sequence,
 )
-from hisparse_hal.errors import InvalidArgumentError
 
 from .arguments import positive_ints
 from .cache_ops import CacheOpsCase, _Step

@@ -8,8 +8,8 @@ docs/design/cache-ops.md.
 
 from __future__ import annotations
 
-# Importing ``library`` defines torch.ops.hisparse_hal.* (idempotent). ``sequences`` (generated decode sequences
-# for tests and the suite) and the offline kernel tooling are imported only by those who use them.
+# Importing ``library`` defines torch.ops.hisparse_hal.* (idempotent). This folder holds the runtime ops only: the
+# generated decode sequences are hisparse_hal.testing.sequences, the offline kernel tools hisparse_hal.kernels.
 from . import arguments, host_impl, library, oracle, signatures, tables, torch_impl
 
 __all__ = ["arguments", "host_impl", "library", "oracle", "signatures", "tables", "torch_impl"]

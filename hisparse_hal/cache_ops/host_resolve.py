@@ -2,7 +2,7 @@
 
 Invariant: every output, state tensor, stat and untouched (poisoned) element is bit-equal to ``oracle.py``
 (docs/design/cache-ops.md §2 and decisions D1-D9). Values are free to read on the host, so unlike
-``torch_impl`` this path compresses to the host-backed positions (``nonzero``), groups each run's union with
+``torch_resolve`` this path compresses to the host-backed positions (``nonzero``), groups each run's union with
 one sort of those positions' ``leader x host_rows + g`` keys, ties in position order (so a group's first member
 is its first reference), finds the groups of the slots' DGI values through a dense host-row table, classifies
 only the working runs' slots, and orders only the misses. The union bound is checked before anything is
@@ -18,7 +18,7 @@ import torch
 
 from hisparse_hal.errors import UnionOverflowError
 
-from . import torch_impl
+from . import torch_resolve
 from .arguments import ResolveInputs
 
 __all__ = ["resolve"]
@@ -91,8 +91,8 @@ def _divmod(values: np.ndarray, divisor: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def classify_rows(inputs: ResolveInputs) -> _Rows:
-    """Phase 0 (``hisparse_kernels.cu:378-425``): ``torch_impl``'s ``[N]`` classification (decision D1)."""
-    rows = torch_impl.classify_rows(inputs)
+    """Phase 0 (``hisparse_kernels.cu:378-425``): ``torch_resolve``'s ``[N]`` classification (decision D1)."""
+    rows = torch_resolve.classify_rows(inputs)
     return _Rows(rows.request.numpy(), rows.leader.numpy(), rows.state.numpy(), rows.is_leader.numpy())
 
 

@@ -6,6 +6,8 @@
   in its area (``hisparse-hal conformance --factory hisparse_hal.testing.broken_backends:<Class>``).
 - ``bad_input_worlds`` and ``bad_input_strategies``: guarded memory worlds and Hypothesis strategies for input
   every backend must refuse (the strategies need ``hypothesis``, from the ``[test]`` extra).
+- ``sequences``: generated multi-step decode sequences of the vLLM 0.34.0 cache ops and a runner recording every
+  output and state tensor, for differential tests (the suite's cache-ops tier, the kernel peer, the unit tests).
 - ``host_sync_guard``: fails on any host read of a tensor value, which a CUDA/HIP graph capture cannot do.
 
 None of this is imported by ``import hisparse_hal``, and nothing in it proves anything about a GPU.

@@ -17,9 +17,9 @@ from hisparse_hal.bench import kernel_peer, vllm_extension
 from hisparse_hal.bench.cache_ops import CacheOpsCase
 from hisparse_hal.bench.kernel_peer import FIELDS, Peer, compare_records, compare_sequence, oracle_peer, time_case
 from hisparse_hal.cache_ops import oracle, torch_impl
-from hisparse_hal.cache_ops.sequences import SHAPES, build_sequence, run_sequence
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 from hisparse_hal.registry import get_backend
+from hisparse_hal.testing.sequences import SHAPES, build_sequence, run_sequence
 
 SMALL = CacheOpsCase(2, context=256, top_k=64, queries=2)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hisparse_hal.cache_ops.sequences import POISON
+from hisparse_hal.testing.sequences import POISON
 
 __all__ = ["ResolveOutputs"]
 

@@ -25,7 +25,7 @@ from hisparse_hal.cache_ops import (
     torch_impl,
     vllm034,
 )
-from hisparse_hal.cache_ops.sequences import SHAPES, SequenceShape, build_sequence, run_sequence
+from hisparse_hal.testing.sequences import SHAPES, SequenceShape, build_sequence, run_sequence
 from hisparse_hal.cache_ops.signatures import OpSignature, SchemaRegistry, VllmSchemas, schemas_from_module
 from hisparse_hal.errors import InvalidArgumentError
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from hisparse_hal.cache_ops import host_impl, oracle, tables, torch_impl
-from hisparse_hal.cache_ops.sequences import POISON as P
 from hisparse_hal.errors import InvalidArgumentError, UnionOverflowError, UnknownTableError
+from hisparse_hal.testing.sequences import POISON as P
 from tests.cache_ops.model import I32, Model
 from tests.cache_ops.poisoned_outputs import ResolveOutputs
 

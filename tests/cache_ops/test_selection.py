@@ -26,9 +26,9 @@ from hisparse_hal.cache_ops.selection import (  # noqa: E402
     reset_implementation_choice,
     with_cache_ops,
 )
-from hisparse_hal.cache_ops.sequences import SHAPES, build_sequence, run_sequence  # noqa: E402
 from hisparse_hal.capabilities import Capabilities  # noqa: E402
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError  # noqa: E402
+from hisparse_hal.testing.sequences import SHAPES, build_sequence, run_sequence  # noqa: E402
 from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver  # noqa: E402
 from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend  # noqa: E402
 from hisparse_hal.vendors.cpu.backend import CpuBackend  # noqa: E402

@@ -10,8 +10,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hisparse_hal.cache_ops import device_checks, host_impl, oracle, torch_impl
-from hisparse_hal.cache_ops.sequences import (
+from hisparse_hal.cache_ops import device_checks, host_impl, oracle, torch_impl, torch_resolve
+from hisparse_hal.errors import UnionOverflowError
+from hisparse_hal.testing.host_sync_guard import HostSyncError, no_host_sync
+from hisparse_hal.testing.sequences import (
     SHAPES,
     SequenceRun,
     SequenceShape,
@@ -20,8 +22,6 @@ from hisparse_hal.cache_ops.sequences import (
     decode_sequences,
     run_sequence,
 )
-from hisparse_hal.errors import UnionOverflowError
-from hisparse_hal.testing.host_sync_guard import HostSyncError, no_host_sync
 from tests.cache_ops.model import I32, Model
 from tests.cache_ops.poisoned_outputs import ResolveOutputs
 
@@ -267,7 +267,7 @@ def _windowed_like_oracle(monkeypatch: pytest.MonkeyPatch, rows_per_window: int,
                           world: Any = _window_world) -> list[ResolveOutputs]:
     """Run ``calls`` (Model.step keyword arguments) through the oracle and through torch_impl with windows of
     ``rows_per_window`` rows, on two fresh worlds; assert every output and the state are equal after each call."""
-    monkeypatch.setattr(torch_impl, "WINDOW_ROWS", rows_per_window)
+    monkeypatch.setattr(torch_resolve, "WINDOW_ROWS", rows_per_window)
     ours_world, oracle_world = world(), world()
     outputs = []
     for index, call in enumerate(calls):
@@ -327,7 +327,7 @@ def test_a_union_overflow_that_only_the_whole_run_shows_writes_nothing(
         monkeypatch: pytest.MonkeyPatch, rows_per_window: int) -> None:
     """Each window's share of run 1 fits max_union_rows = 3, the run does not: typed error naming its exact union
     (the carry is full long before), and no output or state entry changes, not even run 0's."""
-    monkeypatch.setattr(torch_impl, "WINDOW_ROWS", rows_per_window)
+    monkeypatch.setattr(torch_resolve, "WINDOW_ROWS", rows_per_window)
     world = _window_world(union=3)
     world.step(torch_impl, [[4, 5, -1, -1], [-1] * 4, [-1] * 4, [-1] * 4, [-1] * 4], [0, 1, 1, 1, 1])
     before = world.state()
@@ -388,12 +388,12 @@ def test_windowed_resolve_equals_the_oracle_with_the_state_corrupted(sequence: A
 
 
 def _assert_windowed_resolve_equals_the_oracle(sequence: Any, rows_per_window: int) -> None:
-    previous = torch_impl.WINDOW_ROWS
-    torch_impl.WINDOW_ROWS = rows_per_window  # a hypothesis test cannot take the function-scoped monkeypatch
+    previous = torch_resolve.WINDOW_ROWS
+    torch_resolve.WINDOW_ROWS = rows_per_window  # a hypothesis test cannot take the function-scoped monkeypatch
     try:
         ours = run_sequence(torch_impl, sequence)
     finally:
-        torch_impl.WINDOW_ROWS = previous
+        torch_resolve.WINDOW_ROWS = previous
     reference = run_sequence(oracle, sequence)
     assert ours == reference, first_difference(ours, reference)
 
@@ -427,14 +427,14 @@ def test_resolve_peak_extra_memory_is_bounded_by_the_window_not_the_batch(monkey
     benchmark does (torch profiler memory events on CPU)."""
     from hisparse_hal.bench.cache_ops import _peak_extra_bytes
 
-    monkeypatch.setattr(torch_impl, "WINDOW_ENTRIES", 1 << 13)
+    monkeypatch.setattr(torch_resolve, "WINDOW_ENTRIES", 1 << 13)
     num_rows, top_k, queries = 1024, 256, 2
     args = _scaled_call(num_rows, top_k, queries)
     peak = _peak_extra_bytes(lambda: torch_impl.resolve_residency(*args), torch.device("cpu"))
     hits, misses = args[10].tolist()
     assert hits > 0 and misses > 0  # the call ran, with hits and misses
     hot_size = (queries + 1) * top_k
-    rows = torch_impl.WINDOW_ENTRIES // hot_size - 1
+    rows = torch_resolve.WINDOW_ENTRIES // hot_size - 1
     window_entries = (rows + 1) * (hot_size + 1) + rows * top_k + queries * top_k + 1  # slots, positions, carry
     bound = 16 * 8 * window_entries + 16 * 8 * num_rows + hot_size * (num_rows // rows + 2)
     assert bound < num_rows * top_k * 8  # one [N, K] int64 temporary would break it

@@ -26,7 +26,8 @@ pytest.importorskip("numpy", reason=_NEED)  # triton's interpreter needs numpy
 from triton.runtime import interpreter  # noqa: E402
 
 from hisparse_hal.cache_ops import arguments, oracle, triton_impl  # noqa: E402
-from hisparse_hal.cache_ops.sequences import (  # noqa: E402
+from hisparse_hal.errors import UnsupportedCapabilityError  # noqa: E402
+from hisparse_hal.testing.sequences import (  # noqa: E402
     SHAPES,
     DecodeSequence,
     SequenceShape,
@@ -34,7 +35,6 @@ from hisparse_hal.cache_ops.sequences import (  # noqa: E402
     build_sequence,
     run_sequence,
 )
-from hisparse_hal.errors import UnsupportedCapabilityError  # noqa: E402
 from tests.cache_ops.test_oracle import *  # noqa: E402,F403 - the worked examples, run here through Triton
 from tests.cache_ops.test_oracle import decode_world  # noqa: E402
 

@@ -189,7 +189,7 @@ def test_a_keyword_that_matches_nothing_is_a_usage_error():
 def test_kernels_reports_progress_off_a_terminal(capsys):
     from types import SimpleNamespace
 
-    from hisparse_hal.cache_ops.kernels_command import _progress
+    from hisparse_hal.kernels.command import _progress
 
     with _progress(4) as on_result:
         for i in range(4):

@@ -1,9 +1,9 @@
 """The Triton launches ``hisparse-hal kernels`` compiles: the ops' own launch plans at DeepSeek-V3.2 shapes.
 
 Each case lays out ``meta`` tensors (shapes, strides and storage sizes, no memory) the way vLLM 0.34.0's
-HiSparse runtime passes them (design note §2 B9-B11, B16), checks them with :mod:`.arguments` and asks
-:mod:`hisparse_hal.cache_ops.triton_impl` for its launches, so the constexprs, tile sizes and argument values
-are the ones the ops pick, not a copy of them.
+HiSparse runtime passes them (design note §2 B9-B11, B16), checks them with
+:mod:`hisparse_hal.cache_ops.arguments` and asks :mod:`hisparse_hal.cache_ops.triton_impl` for its launches, so the
+constexprs, tile sizes and argument values are the ones the ops pick, not a copy of them.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import dataclasses
 
 import torch
 
-from . import arguments, triton_impl
-from .shapes import BLOCK, ROW_BYTES, TOP_K
+from hisparse_hal.cache_ops import arguments, triton_impl
+from hisparse_hal.cache_ops.shapes import BLOCK, ROW_BYTES, TOP_K
 
 __all__ = ["KernelCase", "LANE_TOP_K", "REQUESTS", "production_cases", "lane_cases", "all_cases"]
 

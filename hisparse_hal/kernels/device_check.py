@@ -2,7 +2,7 @@
 
 Each case is warmed up through the runtime (``JITFunction.warmup``: specialized and compiled exactly as a launch
 would, for the device triton finds, nothing launched), then compiled offline for the same target by
-:mod:`hisparse_hal.cache_ops.kernel_report`; shared memory, registers and spills must agree.
+:mod:`hisparse_hal.kernels.report`; shared memory, registers and spills must agree.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from hisparse_hal.errors import UnsupportedCapabilityError
 
-from . import kernel_report
-from .kernel_specs import KernelCase
+from . import report
+from .specs import KernelCase
 
 __all__ = ["DeviceComparison", "device_target", "compare_with_device"]
 
@@ -57,7 +57,7 @@ def device_target() -> str:
 
 
 def _on_device(case: KernelCase) -> dict[str, Any]:
-    from . import triton_impl
+    from hisparse_hal.cache_ops import triton_impl
 
     fn = getattr(triton_impl.kernels(), case.kernel)
     try:
@@ -74,14 +74,14 @@ def compare_with_device(cases: Sequence[KernelCase]) -> list[DeviceComparison]:
     """Warm every case up on this device and compile it offline for the device's target.
 
     Raises:
-        UnsupportedCapabilityError: no GPU for triton, or a target :mod:`kernel_report` cannot compile for.
+        UnsupportedCapabilityError: no GPU for triton, or a target :mod:`.report` cannot compile for.
     """
     target = device_target()
-    if target not in kernel_report.TARGETS:
+    if target not in report.TARGETS:
         raise UnsupportedCapabilityError(
-            f"this device is {target}; the offline report covers {', '.join(kernel_report.TARGETS)}"
+            f"this device is {target}; the offline report covers {', '.join(report.TARGETS)}"
         )
-    offline = kernel_report.compile_cases(cases, [target])
+    offline = report.compile_cases(cases, [target])
     out = []
     for case, facts in zip(cases, offline, strict=True):
         mine = facts.as_dict()

@@ -2,7 +2,7 @@
 
 Compiling is not running: it proves a kernel lowers for a target and shows what it would take (shared memory
 or LDS, registers, spills, code size); it says nothing of results or speed. Each case of
-:mod:`hisparse_hal.cache_ops.kernel_specs` is specialized exactly as triton's launcher would specialize it.
+:mod:`hisparse_hal.kernels.specs` is specialized exactly as triton's launcher would specialize it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from hisparse_hal import cache_ops
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 
-from .kernel_specs import KernelCase
+from .specs import KernelCase
 
 __all__ = [
     "TARGETS", "SHARED_LIMIT_BYTES", "KernelFacts", "compile_case", "compile_cases", "format_table",
@@ -103,7 +104,7 @@ def compiler_kernels(path: str | None = None) -> types.ModuleType:
     Raises:
         UnsupportedCapabilityError: triton is not installed or does not import.
     """
-    source = Path(path) if path else Path(__file__).with_name("triton_kernels.py")
+    source = Path(path) if path else Path(cache_ops.__file__).with_name("triton_kernels.py")
     spec = importlib.util.spec_from_file_location(f"hisparse_hal._compiled_kernels.{source.stem}", source)
     if spec is None or spec.loader is None:
         raise UnsupportedCapabilityError(f"cannot load kernels from {source}")

@@ -13,9 +13,10 @@ from typing import Any
 
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 
-from . import kernel_device_check, kernel_page, kernel_report
-from .kernel_report import KernelFacts
-from .kernel_specs import all_cases, production_cases
+from . import device_check, report
+from .page import generated_part, load_payload, render, replace_generated
+from .report import KernelFacts
+from .specs import all_cases, production_cases
 
 __all__ = ["run"]
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     page = _checked_page(args)
     if args.from_json and page is not None:  # _checked_page refused --from-json without --page
-        return _render_page(kernel_page.load_payload(args.from_json), page)
+        return _render_page(load_payload(args.from_json), page)
     require_module("triton", "triton", "compiling the kernels")
     if args.json:
         writable_file(args.json, "--json")
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.against_device:
         return _run_against_device(args)
     try:
-        targets = kernel_report.targets_of(args.targets)
+        targets = report.targets_of(args.targets)
     except InvalidArgumentError as exc:
         print(f"hisparse-hal kernels: {exc}", file=sys.stderr)
         return 2
@@ -69,18 +70,18 @@ def run(args: argparse.Namespace) -> int:
     total = len(cases) * len(targets)
     print(f"compiling {len(cases)} kernel cases for {', '.join(targets)} ({total} compiles, offline; "
           "minutes on an empty triton cache)", flush=True)
-    with kernel_report.quiet_triton(), _progress(total) as on_result:
-        results = kernel_report.compile_cases(cases, targets, on_result=on_result)
-    print(kernel_report.format_table(results))
+    with report.quiet_triton(), _progress(total) as on_result:
+        results = report.compile_cases(cases, targets, on_result=on_result)
+    print(report.format_table(results))
     print()
-    totals = kernel_report.summary(results)
+    totals = report.summary(results)
     for target, line in totals.items():
         print(f"{target}: {line['compiled']}/{line['cases']} compiled; max shared {line['max_shared_bytes']} B "
               f"(limit {line['shared_limit_bytes']}); max registers {line['max_registers']}; "
               f"max spill {line['max_spill_bytes']} B; 32-bit pointer offsets {line['narrow_offsets']}")
     print("compiled, not run: these figures say what a GPU would be asked for, not that the kernels work there")
     if args.dump:
-        for note in kernel_report.dump(results, Path(args.dump)):
+        for note in report.dump(results, Path(args.dump)):
             print(note)
         print(f"wrote {args.dump}")
     if args.json:
@@ -107,7 +108,7 @@ def _checked_page(args: argparse.Namespace) -> Path | None:
         others = [name for name, given in (("--json", args.json), ("--dump", args.dump),
                                            ("--against-device", args.against_device),
                                            ("--production-only", args.production_only),
-                                           ("--targets", args.targets != ",".join(kernel_report.TARGETS)))
+                                           ("--targets", args.targets != ",".join(report.TARGETS)))
                   if given]
         if others or not args.page:
             raise InvalidArgumentError(
@@ -125,14 +126,14 @@ def _checked_page(args: argparse.Namespace) -> Path | None:
         text = page.read_text()
     except OSError as exc:
         raise InvalidArgumentError(f"--page {args.page!r} cannot be read: {exc}") from exc
-    kernel_page.generated_part(text, f"--page {args.page!r}")
+    generated_part(text, f"--page {args.page!r}")
     return page
 
 
 def _render_page(payload: dict[str, Any], page: Path) -> int:
     """Rewrite ``page``'s generated part from ``payload``; exit status 0."""
     text = page.read_text()
-    page.write_text(kernel_page.replace_generated(text, kernel_page.render(payload), f"--page {str(page)!r}"))
+    page.write_text(replace_generated(text, render(payload), f"--page {str(page)!r}"))
     print(f"wrote the generated part of {page}")
     return 0
 
@@ -140,7 +141,7 @@ def _render_page(payload: dict[str, Any], page: Path) -> int:
 def _command_line(args: argparse.Namespace) -> str:
     """The ``hisparse-hal kernels`` command that wrote a --json document, as the page quotes it."""
     words = ["hisparse-hal", "kernels"]
-    if args.targets != ",".join(kernel_report.TARGETS):
+    if args.targets != ",".join(report.TARGETS):
         words += ["--targets", args.targets]
     if args.production_only:
         words.append("--production-only")
@@ -153,9 +154,9 @@ def _command_line(args: argparse.Namespace) -> str:
 def _run_against_device(args: argparse.Namespace) -> int:
     """``--against-device``: exit 0 when the device's compile agrees with the offline one on every case,
     1 on a mismatch, 2 without a GPU triton can use."""
-    with kernel_report.quiet_triton():
+    with report.quiet_triton():
         try:
-            rows = kernel_device_check.compare_with_device(production_cases() if args.production_only else all_cases())
+            rows = device_check.compare_with_device(production_cases() if args.production_only else all_cases())
         except UnsupportedCapabilityError as exc:
             print(f"hisparse-hal kernels --against-device: {exc}", file=sys.stderr)
             return 2

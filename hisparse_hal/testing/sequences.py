@@ -426,11 +426,11 @@ OTHER_GROUPS = 1
 
 class SequenceRun:
     """The live tensors of one sequence on one device: host and hot caches, state, counters, other groups'
-    tables (all registered with :mod:`.tables`)."""
+    tables (all registered with :mod:`hisparse_hal.cache_ops.tables`)."""
 
     def __init__(self, sequence: DecodeSequence, device: torch.device | str = "cpu",
                  host_device: torch.device | str | None = None) -> None:
-        from . import tables
+        from hisparse_hal.cache_ops import tables
 
         shape = sequence.shape
         self.sequence = sequence

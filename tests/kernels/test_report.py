@@ -26,9 +26,11 @@ triton = pytest.importorskip(
 )
 
 from hisparse_hal import cli  # noqa: E402
-from hisparse_hal.cache_ops import kernel_report, kernel_specs, triton_impl  # noqa: E402
-from hisparse_hal.cache_ops.kernel_report import KernelFacts  # noqa: E402
+from hisparse_hal.cache_ops import triton_impl  # noqa: E402
 from hisparse_hal.errors import InvalidArgumentError  # noqa: E402
+from hisparse_hal.kernels import report as kernel_report  # noqa: E402
+from hisparse_hal.kernels import specs as kernel_specs  # noqa: E402
+from hisparse_hal.kernels.report import KernelFacts  # noqa: E402
 
 TARGETS = tuple(kernel_report.TARGETS)
 
@@ -193,7 +195,7 @@ def test_kernels_command_prints_the_table_and_writes_json_and_dumps(
 
 
 def test_against_device_without_a_gpu_exits_2_naming_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
-    from hisparse_hal.cache_ops import kernel_device_check
+    from hisparse_hal.kernels import device_check as kernel_device_check
 
     try:
         kernel_device_check.device_target()
@@ -206,7 +208,7 @@ def test_against_device_without_a_gpu_exits_2_naming_the_reason(capsys: pytest.C
 
 
 def test_device_comparison_names_each_disagreement() -> None:
-    from hisparse_hal.cache_ops.kernel_device_check import DeviceComparison
+    from hisparse_hal.kernels.device_check import DeviceComparison
 
     same = DeviceComparison("k", "s", "sm_90", {"compiled": True, "shared_bytes": 8, "registers": 40, "spills": 0},
                             {"compiled": True, "shared_bytes": 8, "registers": 40, "spill_bytes": 0})

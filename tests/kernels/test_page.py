@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from hisparse_hal import cli
-from hisparse_hal.cache_ops import kernel_page, kernel_report
-from hisparse_hal.cache_ops.kernel_report import KernelFacts
 from hisparse_hal.errors import InvalidArgumentError
+from hisparse_hal.kernels import page as kernel_page
+from hisparse_hal.kernels import report as kernel_report
+from hisparse_hal.kernels.report import KernelFacts
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGE, DOCUMENT = DOCS / "kernels.md", DOCS / "kernels.json"
