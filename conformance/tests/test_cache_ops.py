@@ -18,7 +18,9 @@ import torch
 from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.cache_ops import device_checks, oracle
 from hisparse_hal.conformance.arenas import synchronize
+from hisparse_hal.conformance.contracts import typed_refusals
 from hisparse_hal.conformance.vllm_contract import VllmOpNames
+from hisparse_hal.errors import InvalidArgumentError, UnionOverflowError
 from hisparse_hal.testing.sequences import (
     POISON,
     SHAPES,
@@ -28,10 +30,6 @@ from hisparse_hal.testing.sequences import (
     build_sequence,
     run_sequence,
 )
-from hisparse_hal.conformance.arenas import synchronize
-from hisparse_hal.conformance.contracts import typed_refusals
-from hisparse_hal.conformance.vllm_contract import VllmOpNames
-from hisparse_hal.errors import InvalidArgumentError, UnionOverflowError
 
 #: This tier (read by conformance/tiers.py, without importing this module): its area, its place in the
 #: run and its title in the reports.

@@ -25,9 +25,9 @@ from hisparse_hal.cache_ops import (
     torch_impl,
     vllm034,
 )
-from hisparse_hal.testing.sequences import SHAPES, SequenceShape, build_sequence, run_sequence
 from hisparse_hal.cache_ops.signatures import OpSignature, SchemaRegistry, VllmSchemas, schemas_from_module
 from hisparse_hal.errors import InvalidArgumentError
+from hisparse_hal.testing.sequences import SHAPES, SequenceShape, build_sequence, run_sequence
 
 I32 = torch.int32
 OPS = torch.ops.hisparse_hal
