@@ -31,8 +31,7 @@ from .host_registration import (
     register_in_chunks,
     unwritable_part,
 )
-from .kv_cache import KV_FORMAT_SPECS, KVCacheConfig, build_views, validate_config
-from .kv_placements import device_slabs, validate_placements
+from .kv_layout import KVCacheLayout, build_kv_views, describe_kv_cache
 from .regions import Region, RegionTable, SwapBatch, check_region
 
 if TYPE_CHECKING:
@@ -448,22 +447,21 @@ class HiSparseBackend:
 
         Takes this package's :class:`~hisparse_hal.kv_cache.KVCacheConfig`, or any other object read as a config
         described by tensor placements (vLLM 0.34.0's ``KVCacheConfig``, called at
-        ``vllm/v1/hisparse/binding.py:139``; see :func:`hisparse_hal.kv_placements.validate_placements`): only
-        the fields it carries are checked, so what vLLM's base backend accepts (anything, ``backend.py:36-37``)
-        is accepted unless a field it carries is wrong.
+        ``vllm/v1/hisparse/binding.py:139``): only the fields it carries are checked, so what vLLM's base backend
+        accepts (anything, ``backend.py:36-37``) is accepted unless a field it carries is wrong. Both are read once,
+        by :func:`hisparse_hal.kv_layout.describe_kv_cache`.
 
         Raises:
-            InvalidArgumentError: a malformed config (see :func:`hisparse_hal.kv_cache.validate_config`).
+            InvalidArgumentError: a malformed config (see :func:`hisparse_hal.kv_layout.describe_kv_cache`).
             UnsupportedCapabilityError: a format this device cannot hold, or a shared host pool it cannot
                 provide.
         """
-        if not isinstance(kv_cache_config, KVCacheConfig):
-            fp8 = {KV_FORMAT_SPECS[name].dtype for name in self.capabilities.kv_formats
-                   if name.startswith("fp8_e")}
-            validate_placements(kv_cache_config, shared_host_pool=self.supports_shared_host_pool,
-                                supported_fp8=fp8, where=self._where())
-            return
-        validate_config(kv_cache_config, self.capabilities.kv_formats, self._where())
+        self._describe_kv_cache(kv_cache_config)
+
+    def _describe_kv_cache(self, kv_cache_config: Any) -> KVCacheLayout:
+        """``kv_cache_config`` checked against this device and described in one form."""
+        return describe_kv_cache(kv_cache_config, kv_formats=self.capabilities.kv_formats,
+                                 shared_host_pool=self.supports_shared_host_pool, where=self._where())
 
     def _where(self) -> str:
         arch = self.capabilities.versions.get("arch")
@@ -490,21 +488,9 @@ class HiSparseBackend:
             InvalidArgumentError, UnsupportedCapabilityError: as :meth:`validate_kv_cache_config`, or a
                 layer missing, misplaced, too small or overlapping another or a pinned host region.
         """
-        self.validate_kv_cache_config(kv_cache_config)
-        if not isinstance(kv_cache_config, KVCacheConfig):
-            slabs = device_slabs(kv_cache_config, kv_caches, self.device)
-            self._replace_cache_regions(
-                [Region(slab.start, slab.size, "device_cache", slab.label, self.device) for slab in slabs]
-            )
-            return
-        views = build_views(kv_cache_config, kv_caches, self.device)
-        self._replace_cache_regions(
-            [
-                Region(views[layer.name].data_ptr(), kv_cache_config.layer_bytes, "device_cache",
-                       f"kv layer {layer.name!r}", self.device)
-                for layer in kv_cache_config.layers
-            ]
-        )
+        self.validate_kv_cache_config(kv_cache_config)  # a vendor's override (its hints) refuses first
+        views, regions = build_kv_views(self._describe_kv_cache(kv_cache_config), kv_caches, self.device)
+        self._replace_cache_regions(regions)
         kv_caches.update(views)
 
     def _replace_cache_regions(self, regions: list[Region]) -> None:

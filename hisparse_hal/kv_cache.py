@@ -1,20 +1,19 @@
-"""A small vendor-neutral description of a paged KV cache, its validation and its typed views.
+"""This package's vendor-neutral form of a paged KV cache config, its formats and its validation.
 
-Invariant: views built here share storage with the caller's allocations (no copy, no ownership) and
-the byte ranges of different layers never overlap.
+A backend reads it through :func:`hisparse_hal.kv_layout.describe_kv_cache`, which also reads vLLM's placement
+form; :func:`hisparse_hal.kv_layout.build_kv_views` makes the views. Invariant: nothing here touches a tensor.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Mapping
 
 import torch
 
 from .errors import InvalidArgumentError, UnsupportedCapabilityError
 
-__all__ = ["KVFormat", "KV_FORMAT_SPECS", "LayerSpec", "KVCacheConfig", "validate_config", "build_views"]
+__all__ = ["KVFormat", "KV_FORMAT_SPECS", "LayerSpec", "KVCacheConfig", "validate_config"]
 
 #: Bytes of one ``fp8_ds_mla`` row: 512 B e4m3 NoPE + 16 B fp32 scales + 128 B bf16 RoPE (vLLM runtime.py).
 FP8_DS_MLA_ROW_BYTES = 512 + 16 + 128
@@ -104,7 +103,8 @@ def validate_config(config: object, supported_formats: frozenset[str], where: st
     Raises:
         InvalidArgumentError: a non-positive dimension, an unknown format, a wrong ``fp8_ds_mla`` row
             size, duplicate layer names, or negative or misaligned layer offsets. Overlap between
-            layers depends on which layers share an allocation; :func:`build_views` checks it.
+            layers depends on which layers share an allocation;
+            :func:`hisparse_hal.kv_layout.build_kv_views` checks it.
         UnsupportedCapabilityError: a known format this device cannot hold.
     """
     if not isinstance(config, KVCacheConfig):
@@ -146,62 +146,3 @@ def validate_config(config: object, supported_formats: frozenset[str], where: st
             )
     return config
 
-
-def build_views(
-    config: KVCacheConfig, kv_caches: Mapping[str, object], device: torch.device
-) -> dict[str, torch.Tensor]:
-    """Build one typed ``[num_blocks, block_size, row_width]`` view per layer, sharing storage.
-
-    Args:
-        config: a validated config.
-        kv_caches: layer name to the tensor holding that layer (any dtype, contiguous), on ``device``.
-        device: the backend's device.
-
-    Returns:
-        Layer name to view. Nothing is modified; the caller installs the views.
-
-    Raises:
-        InvalidArgumentError: a layer missing from ``kv_caches``, a value that is not a contiguous tensor
-            on ``device``, a layer that runs past its tensor's end, or two layers whose bytes overlap.
-    """
-    views: dict[str, torch.Tensor] = {}
-    spans: list[tuple[int, int, str]] = []
-    dtype = config.kv_format.dtype
-    for layer in config.layers:
-        if layer.name not in kv_caches:
-            raise InvalidArgumentError(
-                f"KV cache layer {layer.name!r} is not in kv_caches (keys: {sorted(kv_caches)[:8]})"
-            )
-        tensor = kv_caches[layer.name]
-        if not isinstance(tensor, torch.Tensor):
-            raise InvalidArgumentError(
-                f"kv_caches[{layer.name!r}] must be a torch.Tensor, got {type(tensor).__name__}"
-            )
-        if tensor.device != device:
-            raise InvalidArgumentError(
-                f"kv_caches[{layer.name!r}] is on {tensor.device}, but this backend's caches live on {device}"
-            )
-        if not tensor.is_contiguous():
-            raise InvalidArgumentError(
-                f"kv_caches[{layer.name!r}] must be contiguous, got strides {tensor.stride()}"
-            )
-        nbytes = tensor.numel() * tensor.element_size()
-        end = layer.offset_bytes + config.layer_bytes
-        if end > nbytes:
-            raise InvalidArgumentError(
-                f"layer {layer.name!r} needs bytes [{layer.offset_bytes}, {end}) but "
-                f"kv_caches[{layer.name!r}] holds {nbytes} bytes"
-            )
-        flat = tensor.reshape(-1).view(torch.uint8)
-        view = flat[layer.offset_bytes:end].view(dtype).view(config.num_blocks, config.block_size, config.row_width)
-        views[layer.name] = view
-        start = tensor.data_ptr() + layer.offset_bytes
-        spans.append((start, start + config.layer_bytes, layer.name))
-    spans.sort()
-    for (_s0, e0, n0), (s1, _e1, n1) in itertools.pairwise(spans):
-        if s1 < e0:
-            raise InvalidArgumentError(
-                f"KV cache layers {n0!r} and {n1!r} overlap by {e0 - s1} bytes; per-layer offsets "
-                "must give each layer its own bytes"
-            )
-    return views

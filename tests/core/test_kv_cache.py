@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
-from hisparse_hal.kv_cache import KVCacheConfig, LayerSpec, build_views, validate_config
+from hisparse_hal.kv_cache import KVCacheConfig, LayerSpec, validate_config
+from hisparse_hal.kv_layout import KVCacheLayout, KVLayer, build_kv_views, describe_kv_cache
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 
 ALL = frozenset({"bf16", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_ds_mla"})
@@ -20,6 +21,14 @@ ONE_LAYER = (LayerSpec("l0"),)
 
 def _config(fmt="bf16", row_width=64, layers=ONE_LAYER, num_blocks=4, block_size=8):
     return KVCacheConfig(fmt, num_blocks, block_size, row_width, tuple(layers))
+
+
+def _describe(config: object) -> KVCacheLayout:
+    return describe_kv_cache(config, kv_formats=ALL, shared_host_pool=False, where="cpu")
+
+
+def build_views(config: object, kv_caches: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
+    return build_kv_views(_describe(config), kv_caches, device)[0]
 
 
 def test_ds_mla_row_must_be_656_bytes():
@@ -145,3 +154,34 @@ def test_a_carried_device_layer_is_still_checked_against_kv_caches() -> None:
     assert len(backend.regions) == 0
     backend.prepare_kv_cache_views(config, {"d0": torch.zeros(1024, dtype=torch.uint8)}, {})
     assert len(backend.regions) == 1
+
+
+def test_both_forms_are_described_once_in_one_form() -> None:
+    ours = _describe(_config(layers=(LayerSpec("l0", 0), LayerSpec("l1", 4096))))
+    assert ours == KVCacheLayout((KVLayer("l0", 0, 4096), KVLayer("l1", 4096, 4096)), torch.bfloat16, (4, 8, 64))
+    placed = _describe(SimpleNamespace(
+        kv_cache_tensors=[_placement(layers=["d0", "d1"]), _placement(layers=["h0"], host_resident=True, size=None)],
+        hisparse_host_num_blocks=8,
+    ))
+    assert placed == KVCacheLayout((KVLayer("d0", 0, 1024, 0), KVLayer("d1", 0, 1024, 0)))
+
+
+def test_one_builder_gives_a_region_per_viewed_layer_and_one_per_shared_storage() -> None:
+    config = _config(layers=(LayerSpec("l0", 0), LayerSpec("l1", 4096)))
+    buffer = torch.zeros(8192, dtype=torch.uint8)
+    views, regions = build_kv_views(_describe(config), {"l0": buffer, "l1": buffer}, CPU)
+    assert sorted(views) == ["l0", "l1"]
+    assert [(r.start - buffer.data_ptr(), r.size, r.label) for r in regions] == [
+        (0, 4096, "kv layer 'l0'"), (4096, 4096, "kv layer 'l1'")]
+    placed = _describe(SimpleNamespace(kv_cache_tensors=[_placement(layers=["d0", "d1"])]))
+    views, regions = build_kv_views(placed, {"d0": buffer[:1024], "d1": buffer[1024:]}, CPU)
+    assert views == {}
+    assert [(r.start, r.size, r.label) for r in regions] == [(buffer.data_ptr(), 8192, "KV slab of 'd0' +1 more")]
+
+
+def test_a_device_placement_without_a_size_needs_no_bytes_and_its_storage_is_the_region() -> None:
+    placed = _describe(SimpleNamespace(kv_cache_tensors=[_placement(size=None)]))
+    assert placed == KVCacheLayout((KVLayer("d0", 0, 0, 0),))
+    slab = torch.zeros(64, dtype=torch.uint8)
+    _views, regions = build_kv_views(placed, {"d0": slab}, CPU)
+    assert [(r.start, r.size) for r in regions] == [(slab.data_ptr(), 64)]
