@@ -47,7 +47,7 @@ def bar_chart_svg(title: str, unit: str, series: Sequence[str],
     values = [v for _, vs in groups for v in vs if v is not None]
     top = _nice_ceiling(max(values, default=1.0))
     plot_w, plot_h = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM
-    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{_HEIGHT}" '
+    parts = [f'<svg class="chart" width="{_WIDTH}" height="{_HEIGHT}" '
              f'viewBox="0 0 {_WIDTH} {_HEIGHT}" role="img" aria-label="{escape(title)}">',
              f"<title>{escape(title)}</title>",
              f'<text x="{_LEFT}" y="16" font-size="13" font-weight="600">{escape(title)}</text>']
