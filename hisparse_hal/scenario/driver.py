@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import mmap
+import multiprocessing.resource_tracker
 import os
 import signal
 import socket
@@ -140,7 +141,13 @@ def _rank_start_uninterrupted() -> Iterator[None]:
     kernel hands a process-directed signal to any thread that does not block it, and Python runs its handler in
     the main thread all the same; so, in the main thread, the handlers are swapped for ones that only note the
     signal. SIGINT also stays blocked in this thread, so the rank inherits it blocked: a terminal's Ctrl-C, sent
-    to the whole foreground group, reaches only the driver, which stops the ranks."""
+    to the whole foreground group, reaches only the driver, which stops the ranks.
+
+    The resource tracker is started first: ``Process.start()`` starts it on first use, and
+    ``ResourceTracker.ensure_running`` blocks SIGINT and SIGTERM around spawning it and then *unblocks* them
+    (CPython ``Lib/multiprocessing/resource_tracker.py``, bpo-33613), which would leave the rank started right after
+    it with SIGINT deliverable while its interpreter imports ``site`` ("Fatal Python error: init_import_site")."""
+    multiprocessing.resource_tracker.ensure_running()
     noted: list[int] = []
     with contextlib.ExitStack() as restore:  # every restore runs, even when a restored handler raises meanwhile
         restore.callback(_deliver_first, noted)

@@ -148,6 +148,35 @@ def test_an_interrupt_while_a_rank_starts_is_delivered_once_the_rank_is_recorded
             signal.signal(s, handler)
 
 
+_FIRST_RANK_MASK = """
+import multiprocessing, multiprocessing.resource_tracker, signal, sys
+from hisparse_hal.scenario import driver
+
+def report_mask():
+    sys.exit(0 if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []) else 3)
+
+if __name__ == "__main__":
+    assert multiprocessing.resource_tracker._resource_tracker._pid is None, "the tracker already runs"
+    process = multiprocessing.get_context("spawn").Process(target=report_mask)
+    with driver._rank_start_uninterrupted():
+        process.start()  # the first start in this process: it starts the resource tracker too
+    process.join(120)
+    print(process.exitcode)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_first_rank_starts_with_sigint_blocked_although_it_starts_the_resource_tracker(tmp_path):
+    # The CI failure's shape: Ctrl-C to the group while the first rank imported site killed it with "Fatal Python
+    # error: init_import_site", because starting the resource tracker had unblocked SIGINT just before the spawn.
+    script = tmp_path / "first_rank.py"
+    script.write_text(_FIRST_RANK_MASK)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                          cwd=os.getcwd())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "0", f"the rank's SIGINT was not blocked (exit {done.stdout.strip()})"
+
+
 @pytest.mark.timeout(300)
 def test_a_kill_run_prints_rank_0s_real_rate_and_where_the_lost_ranks_messages_are():
     done = _cli("--ranks", "2", "--steps", "60", "--backend", "cpu", "--kill", "1:20", "--timeout", "20")
