@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # ci/gpu-check.sh on a lent GPU machine that reaches no package index (the workplace's device tool), in one call.
 #
-# Usage (from the checkout root, after `pip wheel --no-deps -w .whl .` and `bash ci/prepare-vllm-peer.sh` here;
-# `.whl` and `.vllm-peer` travel as carried paths, `python ci/carried_size.py .vllm-peer .whl` prints their size):
+# Usage (from the checkout root, after `pip download --no-deps -d .whl 'setuptools>=77'` and
+# `bash ci/prepare-vllm-peer.sh` here; `.whl` (the build backend) and `.vllm-peer` travel as carried paths,
+# `python ci/carried_size.py .vllm-peer .whl` prints their size):
 #   bash ci/device-run.sh [BACKEND]
-# Installs the carried hisparse-hal wheel (no dependencies: the machine's own GPU torch, Triton and NVML stay),
+# Installs the checkout in editable mode, its build backend from the carried .whl (no dependencies: the machine's
+# own GPU torch, Triton and NVML stay; editable, because ci/gpu-check.sh runs from the checkout's root, where a plain
+# install would be shadowed by the root's hisparse_hal/ folder, which lacks the mapped vendors/ and conformance/),
 # runs ci/gpu-check.sh with step limits that fit a short lease (override with the GPU_CHECK_*_S variables), and
 # packs every result into "$OUT/gpu-check.tar.gz" plus "$OUT/summary.txt" (the tool returns at most 8 files).
 # All steps together outlast one 600 s call: name a subset in GPU_CHECK_STEPS (ci/gpu-check.sh), e.g. the vLLM
@@ -13,7 +16,7 @@ set -u
 backend="${1:-cuda}"
 out="${OUT:?OUT must name the folder whose files come back}"
 python="${PYTHON:-python3}"
-"$python" -m pip install -q --no-deps --no-index --force-reinstall .whl/hisparse_hal-*.whl || exit 2
+"$python" -m pip install -q --no-deps --no-index --find-links .whl -e . || exit 2
 PATH="$(dirname "$("$python" -c 'import sys; print(sys.executable)')"):$PATH"
 export PATH PYTHONUNBUFFERED=1
 export GPU_CHECK_CONFORMANCE_S="${GPU_CHECK_CONFORMANCE_S:-150}" GPU_CHECK_BENCH_S="${GPU_CHECK_BENCH_S:-60}"

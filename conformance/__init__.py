@@ -4,8 +4,8 @@ hisparse_hal.conformance.plugin``), the tests it runs, and the ``hisparse-hal co
 Nothing here registers itself with pytest automatically; the suite only runs when asked for.
 """
 
-# The folder sits at the checkout's top level and is linked into the package (hisparse_hal/conformance ->
-# ../conformance); imported under any other name it would be a second copy of every module in it.
+# The folder sits at the checkout's top level and is mapped into the package by the build (pyproject's
+# package-dir); imported under any other name it would be a second copy of every module in it.
 if __name__ != "hisparse_hal.conformance":
     raise ImportError(f"{__name__!r} is hisparse-hal's conformance folder; import it as 'hisparse_hal.conformance'")
 

@@ -23,6 +23,7 @@ import pytest
 from hisparse_hal.errors import HalError
 
 from . import SUITE_VERSION, run_record
+from .collection import pytest_collect_directory, pytest_pycollect_makemodule  # noqa: F401 - hooks of this plugin
 from .expectations import Expectations, backend_architectures, load_expectations
 from .junit import CAPABILITY_SKIP_PREFIX, PROBE_GATE_SKIP_PREFIX
 from .mustpass import suite_digest
@@ -60,6 +61,8 @@ class Selection:
         self.keyword = config.getoption("keyword", "") or ""
         self.markexpr = config.getoption("markexpr", "") or ""
         self.pytest_args = config.getoption("hal_pytest_args") or ""
+        # pytest's own positional arguments: the runner's are the suite's package; a direct `pytest FILE` names less.
+        self.paths = [arg for arg in config.args if not _is_whole_suite(arg)]
         self.selected_ids: list[str] = []
         self.deselected = 0
 
@@ -73,7 +76,7 @@ class Selection:
             words = shlex.split(self.pytest_args)
         except ValueError:
             return [self.pytest_args]
-        return [w for w in words if not w.startswith("-") or w.split("=", 1)[0] in narrowing]
+        return self.paths + [w for w in words if not w.startswith("-") or w.split("=", 1)[0] in narrowing]
 
     def as_dict(self) -> dict[str, Any]:
         """The ``selection`` entry of ``results.json``."""
@@ -86,6 +89,13 @@ class Selection:
                 "pytest_args": self.pytest_args or None, "selected": len(self.selected_ids),
                 "deselected": self.deselected, "areas": areas, "full_suite": full,
                 "per_area": {a: per_area[a] for a in areas}}
+
+
+def _is_whole_suite(arg: str) -> bool:
+    """Whether a pytest positional argument names the whole suite: its package or its tests folder."""
+    if arg == f"{__package__}.tests":
+        return True
+    return Path(arg).resolve() == Path(__file__).resolve().with_name("tests")
 
 
 class ConformanceState:

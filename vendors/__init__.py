@@ -13,8 +13,8 @@ Every registered vendor folder has the same file set, checked by ``tests/vendors
 Anything else in a folder is that vendor's own. Importing this package imports no vendor library.
 """
 
-# The folder sits at the checkout's top level and is linked into the package (hisparse_hal/vendors ->
-# ../vendors); imported under any other name it would be a second copy of every module in it.
+# The folder sits at the checkout's top level and is mapped into the package by the build (pyproject's
+# package-dir); imported under any other name it would be a second copy of every module in it.
 if __name__ != "hisparse_hal.vendors":
     raise ImportError(f"{__name__!r} is hisparse-hal's vendors folder; import it as 'hisparse_hal.vendors'")
 

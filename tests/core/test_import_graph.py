@@ -7,27 +7,29 @@ understood, tested or moved one without the other. The graph is read from the so
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 
 import hisparse_hal
+import hisparse_hal.conformance
+import hisparse_hal.vendors
 
-PACKAGE_ROOT = Path(hisparse_hal.__file__).resolve().parent
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+#: The package and its two mapped subpackages: in a checkout each has its own folder (pyproject's package-dir),
+#: in a wheel the last two sit inside the first.
+PACKAGES = (hisparse_hal, hisparse_hal.vendors, hisparse_hal.conformance)
 
 
 def _modules() -> dict[str, Path]:
-    """Every module of the package, through its linked folders (``rglob`` does not follow directory links)."""
-    found = {}
-    for folder, _, files in os.walk(PACKAGE_ROOT, followlinks=True):
-        if "__pycache__" not in folder:
-            found.update({_module_name(Path(folder, f)): Path(folder, f) for f in files if f.endswith(".py")})
+    """Every module of the package, each once, found in the folders the imported packages come from."""
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        root = Path(str(package.__file__)).resolve().parent
+        for path in sorted(root.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            parts = [package.__name__, *path.relative_to(root).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found.setdefault(".".join(parts), path)
     return found
 
 
