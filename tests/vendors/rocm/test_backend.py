@@ -86,6 +86,16 @@ def test_swap_on_each_rocm_release_takes_the_planned_path_and_moves_every_byte(r
     assert sim.callback_errors == []
 
 
+def test_backend_synchronize_lands_the_queued_copies_through_its_device_module():
+    sim = SimulatedHipRuntime("7.14")  # copies are queued until the simulated device synchronizes
+    backend = simulated_rocm_backend(sim)
+    device, host, order = spill(backend, sim, 8)
+    assert not host.any()  # enqueued, not landed
+    backend.synchronize()
+    assert torch.equal(host[order], device)
+    assert backend.device_module.synchronizations == 1
+
+
 @pytest.mark.parametrize("release", ["7.2.1", "7.2.3"])
 def test_swap_on_rocm_7_2_never_passes_attributes_so_never_gets_801(release):
     sim = SimulatedHipRuntime(release)
