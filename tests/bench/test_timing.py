@@ -5,6 +5,7 @@ peak memory reads the accelerator's allocator between two waits, and the host ne
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pytest
 import torch
@@ -78,12 +79,16 @@ def test_peak_memory_on_an_accelerator_reads_its_allocator_between_two_waits(mon
         log.append("fn")
         allocated["peak"] = allocated["now"] + 4096
 
+    def reading(name: str, key: str | None) -> Any:
+        def read(device: torch.device) -> int | None:
+            log.append((name, device))
+            return None if key is None else allocated[key]
+        return read
+
     monkeypatch.setattr(cache_ops, "on_accelerator", lambda device: True)
-    monkeypatch.setattr(torch.accelerator, "memory_allocated", lambda device: log.append(("allocated", device))
-                        or allocated["now"])
-    monkeypatch.setattr(torch.accelerator, "reset_peak_memory_stats", lambda device: log.append(("reset", device)))
-    monkeypatch.setattr(torch.accelerator, "max_memory_allocated", lambda device: log.append(("peak", device))
-                        or allocated["peak"])
+    monkeypatch.setattr(torch.accelerator, "memory_allocated", reading("allocated", "now"))
+    monkeypatch.setattr(torch.accelerator, "reset_peak_memory_stats", reading("reset", None))
+    monkeypatch.setattr(torch.accelerator, "max_memory_allocated", reading("peak", "peak"))
     gpu = torch.device("cuda", 0)
     peak = cache_ops._peak_extra_bytes(allocate, gpu, lambda: log.append("wait"))
     assert peak == 4096

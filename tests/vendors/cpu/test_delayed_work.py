@@ -35,7 +35,7 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     opened = threading.Event()
     move = cpu_backend.move_swap_batch
 
-    def gated(batch):  # type: ignore[no-untyped-def]
+    def gated(batch):
         assert opened.wait(60), "the test never opened the gate"
         return move(batch)
 
@@ -61,7 +61,7 @@ def test_synchronize_returns_only_after_a_delayed_swap_has_landed(gate: threadin
 
 
 def test_synchronize_re_raises_the_failure_of_a_delayed_swap(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(batch):  # type: ignore[no-untyped-def]
+    def broken(batch):
         raise OSError("simulated copy fault")
 
     monkeypatch.setattr(cpu_backend, "move_swap_batch", broken)

@@ -63,6 +63,16 @@ class RecordingModule(types.SimpleNamespace):
         return contextlib.nullcontext()
 
 
+def _recording_scope(seen: list[tuple[str, object]]) -> Any:
+    """A stand-in for ``torch.accelerator.device_index`` that records the index and changes nothing."""
+
+    def device_index(index: int) -> contextlib.AbstractContextManager[None]:
+        seen.append(("device_index", index))
+        return contextlib.nullcontext()
+
+    return device_index
+
+
 # ----------------------------------------------------------------------------------------- which module
 def test_a_gpu_device_gets_torchs_own_device_module_with_its_index() -> None:
     chosen = device_module_for(torch.device("cuda", 3))
@@ -126,8 +136,7 @@ def test_stream_capture_graph_and_events_go_to_the_device_module() -> None:
 def test_scope_and_synchronize_go_to_torch_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, object]] = []
     monkeypatch.setattr(torch.accelerator, "synchronize", lambda device=None: seen.append(("synchronize", device)))
-    monkeypatch.setattr(torch.accelerator, "device_index",
-                        lambda index: seen.append(("device_index", index)) or contextlib.nullcontext())
+    monkeypatch.setattr(torch.accelerator, "device_index", _recording_scope(seen))
     gpu = TorchDeviceModule(torch.device("cuda", 1), RecordingModule())  # type: ignore[arg-type]
     with gpu.scope():
         pass
@@ -187,9 +196,8 @@ def test_a_failed_wait_before_unregistering_is_logged_not_raised(caplog: pytest.
 
 
 def test_ipc_events_are_made_exported_and_opened_through_the_device_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    scopes: list[int] = []
-    monkeypatch.setattr(torch.accelerator, "device_index",
-                        lambda index: scopes.append(index) or contextlib.nullcontext())
+    seen: list[tuple[str, object]] = []
+    monkeypatch.setattr(torch.accelerator, "device_index", _recording_scope(seen))
     module = RecordingModule()
     backend = TorchGpuBackend(caps(), RecordingRuntime(), 2,
                               device_module=TorchDeviceModule(torch.device("cuda", 2), module))  # type: ignore[arg-type]
@@ -204,7 +212,8 @@ def test_ipc_events_are_made_exported_and_opened_through_the_device_module(monke
         ("ipc_handle", None),
         ("from_ipc_handle", (1, b"\x07" * 64)),
     ]
-    assert scopes == [2, 2, 1]  # create and export on the backend's GPU, the import on the one it names
+    # created and exported on the backend's GPU, imported on the one the caller names
+    assert [index for _, index in seen] == [2, 2, 1]
     assert (opened.torch_event, opened.device_index, opened.imported) == ("opened", 1, True)
 
 
