@@ -629,7 +629,19 @@ class HiSparseBackend:
             return host_tensor
         raise self._unsupported("device_view_of_host")
 
-    # ----------------------------------------------------------------- graphs and events
+    # ----------------------------------------------------------------- synchronisation, graphs and events
+    def synchronize(self) -> None:
+        """Block until all work this backend has queued on its device has completed: on a GPU, every stream of the
+        device (``torch.accelerator.synchronize``); on the host device, any swap still in flight. Benchmarks and
+        the tensor-parallel scenario call it before reading a timer or the bytes a swap wrote.
+
+        Not one of vLLM 0.34.0's members: hisparse-hal's own, so the vLLM-facing classes do not expose it.
+
+        Raises:
+            UnsupportedCapabilityError: the backend does not implement it.
+        """
+        raise self._unsupported("synchronize")
+
     def is_current_stream_capturing(self) -> bool:
         """True while the current stream is being captured (any status but "none"). Never creates a
         device context."""

@@ -1,5 +1,5 @@
 """Built-in backends, one folder each: ``cpu`` (reference device), ``cuda`` and ``rocm``; ``gpu`` holds what
-``cuda`` and ``rocm`` share (both reach the device through ``torch.cuda``).
+``cuda`` and ``rocm`` share (both reach the device through torch's device module, ``gpu/device_module.py``).
 
 Every registered vendor folder has the same file set, checked by ``tests/vendors/test_file_set.py``:
 

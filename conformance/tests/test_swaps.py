@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hisparse_hal.conformance.arenas import (
     GuardedBytes,
     allocate_guarded,
+    describe_mismatch,
     device_caches,
     pinned_host_pool,
     random_bytes,
@@ -225,6 +226,18 @@ def test_swap_through_cache_ops_copies_every_byte(backend, memory):
     before = plan.snapshot()
     ops.swap_blocks_batch(*plan.descriptors())
     plan.assert_matches(plan.expected(before))
+
+
+@pytest.mark.hal_extension  # synchronize() is hisparse-hal's member, not one of vLLM's 14
+def test_synchronize_returns_once_a_device_to_host_swap_has_landed(backend, memory):
+    """The host bytes are read right after ``backend.synchronize()``, with no other wait: the wait is the backend's."""
+    src, dst = _ends(memory, backend, "device_to_host", 512 * 656, seed=26)
+    plan = _permuted_blocks(src, dst, 512, 656, seed=26)
+    expected = plan.expected(plan.snapshot())[id(dst)]
+    backend.swap_blocks_batch(*plan.descriptors())
+    backend.synchronize()
+    landed = dst.inner.clone()  # host memory: no torch synchronisation in this read
+    assert torch.equal(landed, expected), describe_mismatch(landed, expected, dst.label)
 
 
 @pytest.mark.hal_extension

@@ -26,7 +26,7 @@ from hisparse_hal.errors import InvalidArgumentError
 from .arguments import positive_ints
 from .options import DEFAULT_REQUESTS, add_cache_ops_options
 from .table import Column, InterruptedWithFigures, format_header, format_row, write_json
-from .timing import time_runs
+from .timing import on_accelerator, time_runs
 
 if TYPE_CHECKING:
     from hisparse_hal.backend import HiSparseBackend
@@ -211,20 +211,24 @@ def _counting_launches(name: str, ops: object) -> Iterator[Callable[[], int | No
         yield lambda: sum(counted.values())
 
 
-def _peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int:
+def _peak_extra_bytes(
+    fn: Callable[[], object], device: torch.device, synchronize: Callable[[], object] | None = None
+) -> int:
     """The most bytes ``fn`` held allocated beyond what existed before it.
 
-    On a GPU: the CUDA caching allocator's peak statistics. On CPU: the running sum of the allocation events
-    torch's profiler records with ``profile_memory=True`` (its memory view; each event carries the signed size
-    of one allocation or free), so only torch's own allocations count, which is what the ops allocate.
+    On an accelerator: its caching allocator's peak statistics (``torch.accelerator`` memory functions, torch 2.9),
+    read after ``synchronize`` (the backend's). On CPU: the running sum of the allocation events torch's profiler
+    records with ``profile_memory=True`` (its memory view; each event carries the signed size of one allocation or
+    free), so only torch's own allocations count, which is what the ops allocate.
     """
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
+    if on_accelerator(device):
+        wait = synchronize if synchronize is not None else functools.partial(torch.accelerator.synchronize, device)
+        wait()
+        before = torch.accelerator.memory_allocated(device)
+        torch.accelerator.reset_peak_memory_stats(device)
         fn()
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device) - before)
+        wait()
+        return int(torch.accelerator.max_memory_allocated(device) - before)
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
@@ -253,8 +257,9 @@ def _implementation(name: str) -> object:
     return importlib.import_module(f"hisparse_hal.cache_ops.{name}")
 
 
-def _median(fn: Callable[[], object], before: Callable[[], object], device: torch.device, repeats: int) -> float:
-    return time_runs(fn, repeats, device, warmup=0, before=before).median_s
+def _median(fn: Callable[[], object], before: Callable[[], object], synchronize: Callable[[], object],
+            repeats: int) -> float:
+    return time_runs(fn, repeats, synchronize, warmup=0, before=before).median_s
 
 
 def bench_case(
@@ -266,25 +271,24 @@ def bench_case(
     Returns:
         One figure per implementation, in the order given.
     """
-    device = backend.device
     step = _Step(case, backend)
     try:
-        return _bench_step(step, device, implementations)
+        return _bench_step(step, backend, implementations)
     finally:
         step.release()
 
 
-def _bench_step(step: _Step, device: torch.device, implementations: dict[str, int]) -> list[CacheOpsFigure]:
-    case = step.case
+def _bench_step(step: _Step, backend: HiSparseBackend, implementations: dict[str, int]) -> list[CacheOpsFigure]:
+    case, device, wait = step.case, backend.device, backend.synchronize
     torch_ops = _implementation("torch_impl")
     step.resolve(torch_ops, step.warm_topk)  # warm the state: every request's first top-k is resident
     step.save()
     step.resolve(torch_ops, step.topk)
     reference = step.result()
     rows = int(step.swap_counts.sum())
-    src = torch.empty(rows * ROW_BYTES, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    src = torch.empty(rows * ROW_BYTES, dtype=torch.uint8, pin_memory=on_accelerator(device))
     dst = torch.empty(rows * ROW_BYTES, dtype=torch.uint8, device=device)
-    one_copy = _median(lambda: dst.copy_(src, non_blocking=True), lambda: None, device, 5)
+    one_copy = _median(lambda: dst.copy_(src, non_blocking=True), lambda: None, wait, 5)
     figures = []
     for name, repeats in implementations.items():
         ops = _implementation(name)
@@ -292,13 +296,13 @@ def _bench_step(step: _Step, device: torch.device, implementations: dict[str, in
         step.resolve(ops, step.topk)  # warm-up (compiles Triton kernels) and correctness check
         result = step.result()
         matches = all(torch.equal(a, b) for a, b in zip(result, reference, strict=True))
-        resolve_s = _median(functools.partial(step.resolve, ops, step.topk), step.restore, device, repeats)
-        compact_s = _median(functools.partial(step.compact, ops), lambda: None, device, repeats)
+        resolve_s = _median(functools.partial(step.resolve, ops, step.topk), step.restore, wait, repeats)
+        compact_s = _median(functools.partial(step.compact, ops), lambda: None, wait, repeats)
         resolve_peak = compact_peak = launches = None
         if name != "oracle":  # Python loops over lists: torch allocations say nothing about its cost
             step.restore()
-            resolve_peak = _peak_extra_bytes(functools.partial(step.resolve, ops, step.topk), device)
-            compact_peak = _peak_extra_bytes(functools.partial(step.compact, ops), device)
+            resolve_peak = _peak_extra_bytes(functools.partial(step.resolve, ops, step.topk), device, wait)
+            compact_peak = _peak_extra_bytes(functools.partial(step.compact, ops), device, wait)
             step.restore()
             with _counting_launches(name, ops) as counted:
                 step.resolve(ops, step.topk)
@@ -361,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
     queries = sorted(positive_ints(getattr(args, "queries", "1"), "--queries"))
     chosen = implementation_for(device)
     choice, reason = chosen.implementation, chosen.reason
-    interpreted = device.type != "cuda"
+    interpreted = not on_accelerator(device)  # triton compiles for the accelerator, interprets elsewhere
     if interpreted:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first defined
     triton = probe_triton()

@@ -224,9 +224,9 @@ def time_case(case: CacheOpsCase, peer: Peer, ours: OurOps, repeats: int) -> Ste
             step.restore()
             step.resolve(ops, step.topk)  # warm-up (compiles) and the result compared
             results.append(step.result())
-            resolve = time_runs(functools.partial(step.resolve, ops, step.topk), repeats, ours.device,
+            resolve = time_runs(functools.partial(step.resolve, ops, step.topk), repeats, ours.backend.synchronize,
                                 warmup=0, before=step.restore)
-            compact = time_runs(functools.partial(step.compact, ops), repeats, ours.device, warmup=0)
+            compact = time_runs(functools.partial(step.compact, ops), repeats, ours.backend.synchronize, warmup=0)
             timed[name] = (resolve.median_s, compact.median_s)
         same = all(torch.equal(a, b) for a, b in zip(*results, strict=True))
         rows = int(step.swap_counts.sum())

@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -58,23 +58,6 @@ class SubmissionFigure:
         return self.plain_us / self.ours_median_us
 
 
-_Backend = TypeVar("_Backend", bound=HiSparseBackend)
-
-
-def _fixed_stream(backend_class: type[_Backend]) -> type[_Backend]:
-    """``backend_class`` with torch's stream and capture state replaced (no torch.cuda on the CPU)."""
-
-    class OnSimulatedStream(backend_class):  # type: ignore[valid-type, misc]
-        def _current_stream_handle(self) -> int:
-            return _STREAM
-
-        def is_current_stream_capturing(self) -> bool:
-            return False
-
-    OnSimulatedStream.__name__ = f"Simulated{backend_class.__name__}"
-    return OnSimulatedStream
-
-
 class _CountingStub:
     """Stands in for the vendor batch call once the real (simulated) call has been proven: counts, returns 0."""
 
@@ -88,6 +71,7 @@ class _CountingStub:
 
 def _cuda_backend(device_memory: torch.Tensor) -> tuple[HiSparseBackend, Callable[[_CountingStub], None]]:
     from ..testing.sim_cuda_driver import SimulatedCudaDriver
+    from ..testing.sim_device_module import SimulatedDeviceModule
     from ..vendors.cuda.backend import CudaBackend
     from ..vendors.cuda.runtime import CudaDriver
 
@@ -95,7 +79,9 @@ def _cuda_backend(device_memory: torch.Tensor) -> tuple[HiSparseBackend, Callabl
     start = device_memory.data_ptr()
     sim._device_memory.append((start, start + device_memory.numel(), device_memory))  # as allocate_device does
     runtime = CudaDriver(0, sim)
-    backend = _fixed_stream(CudaBackend).for_device(0, 12080, "sm_90", runtime=runtime, device=torch.device("cpu"))
+    # torch's stream and capture state replaced (no GPU device module on the CPU): a fixed non-legacy stream.
+    backend = CudaBackend.for_device(0, 12080, "sm_90", runtime=runtime, device=torch.device("cpu"),
+                                     device_module=SimulatedDeviceModule(_STREAM))
 
     def install(stub: _CountingStub) -> None:
         runtime.has_batch_copy()

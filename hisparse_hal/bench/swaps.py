@@ -2,7 +2,7 @@
 
 Every row compares, in one run on one backend: our path, the plain alternative (a per-copy loop for
 swaps, the reference implementation for gathers), and a single contiguous copy of the same bytes.
-Figures are medians of repeated runs, device-synchronized.
+Figures are medians of repeated runs, each between two ``backend.synchronize()`` calls.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from ..backend import HiSparseBackend
 from ..gather import reference_gather_rows
 from .table import Column, format_table
-from .timing import sync, time_runs
+from .timing import on_accelerator, time_runs
 
 __all__ = [
     "SwapFigure",
@@ -37,14 +37,16 @@ DS_MLA_ROW = 656
 
 def side_stream(device: torch.device) -> contextlib.AbstractContextManager[object]:
     """Swaps run on a side stream on GPUs: the batch call rejects the legacy default stream (handle 0)
-    and falls back to the per-copy loop there (vLLM cache_kernels.cu; cudf #20800), as engines must."""
-    if device.type == "cuda":
-        return torch.cuda.stream(torch.cuda.Stream(device))
-    return contextlib.nullcontext()
+    and falls back to the per-copy loop there (vLLM cache_kernels.cu; cudf #20800), as engines must.
+    The stream is the device module's (``torch.get_device_module(device)``); the host has none."""
+    if not on_accelerator(device):
+        return contextlib.nullcontext()
+    module = torch.get_device_module(device)
+    return module.stream(module.Stream(device))
 
 
-def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    return time_runs(fn, repeats, device).median_s
+def _median_seconds(fn: Callable[[], object], synchronize: Callable[[], object] | None, repeats: int) -> float:
+    return time_runs(fn, repeats, synchronize).median_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,16 +127,17 @@ def bench_swaps(backend: HiSparseBackend, total_bytes: int, repeats: int) -> lis
             dst = host.data_ptr() + order.to(torch.int64) * block
             sizes = torch.full((count,), block, dtype=torch.int64)
             ours = _median_seconds(
-                functools.partial(backend.swap_blocks_batch, src, dst, sizes), backend.device, repeats
+                functools.partial(backend.swap_blocks_batch, src, dst, sizes), backend.synchronize, repeats
             )
             loop_fn, loop_kind = _loop_alternative(backend, src, dst, sizes)
-            loop = _median_seconds(loop_fn, backend.device, repeats)
-            one = _median_seconds(functools.partial(host.copy_, source, non_blocking=True), backend.device, repeats)
+            loop = _median_seconds(loop_fn, backend.synchronize, repeats)
+            one = _median_seconds(functools.partial(host.copy_, source, non_blocking=True), backend.synchronize,
+                                  repeats)
             check_batch = functools.partial(backend.regions.check_swap_batch, src, dst, sizes)
-            check = _median_seconds(check_batch, torch.device("cpu"), repeats)
+            check = _median_seconds(check_batch, None, repeats)  # host work only
             expected = source.cpu().view(count, block)[torch.argsort(order)]
             backend.swap_blocks_batch(src, dst, sizes)
-            sync(backend.device)
+            backend.synchronize()
             if not torch.equal(host.view(count, block), expected):
                 raise AssertionError(f"benchmark swap of {block}-byte blocks moved wrong bytes")
         finally:
@@ -160,13 +163,13 @@ def bench_gathers(backend: HiSparseBackend, repeats: int) -> list[GatherFigure]:
         ours_out = torch.empty(rows, DS_MLA_ROW, dtype=torch.uint8, device=backend.device)
         ref_out = torch.empty_like(ours_out)
         flat = source.view(-1)[: rows * DS_MLA_ROW].view(rows, DS_MLA_ROW)
-        ours = _median_seconds(functools.partial(backend.gather_resident_rows, source, ours_out, ids), backend.device,
-                               repeats)
-        ref = _median_seconds(functools.partial(reference_gather_rows, source, ref_out, ids), backend.device, repeats)
-        one = _median_seconds(functools.partial(ours_out.copy_, flat), backend.device, repeats)
+        wait = backend.synchronize
+        ours = _median_seconds(functools.partial(backend.gather_resident_rows, source, ours_out, ids), wait, repeats)
+        ref = _median_seconds(functools.partial(reference_gather_rows, source, ref_out, ids), wait, repeats)
+        one = _median_seconds(functools.partial(ours_out.copy_, flat), wait, repeats)
         backend.gather_resident_rows(source, ours_out, ids)
         reference_gather_rows(source, ref_out, ids)
-        sync(backend.device)
+        backend.synchronize()
         if not torch.equal(ours_out, ref_out):
             raise AssertionError("benchmark gather differs from the reference implementation")
         nbytes = rows * DS_MLA_ROW

@@ -1,4 +1,5 @@
-"""One way to time a benchmark path: warm-up, then repeated runs, device-synchronized, best and median kept."""
+"""One way to time a benchmark path: warm-up, then repeated runs, each between two waits for the backend's queued
+work (``HiSparseBackend.synchronize``), best and median kept."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["Timing", "sync", "time_runs"]
+__all__ = ["Timing", "on_accelerator", "time_runs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,16 +22,19 @@ class Timing:
     runs: int
 
 
-def sync(device: torch.device | None) -> None:
-    """Wait for ``device``'s queued work (a no-op for host devices), so a timer measures completed work."""
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
+def on_accelerator(device: torch.device) -> bool:
+    """Whether ``device`` is torch's current accelerator (``torch.accelerator``, torch 2.6), whose work is queued on
+    streams and whose memory has allocator statistics; False for the host."""
+    if not torch.accelerator.is_available():
+        return False
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator is not None and device.type == accelerator.type
 
 
 def time_runs(
     fn: Callable[[], object],
     repeats: int,
-    device: torch.device | None = None,
+    synchronize: Callable[[], object] | None = None,
     warmup: int = 1,
     before: Callable[[], object] | None = None,
 ) -> Timing:
@@ -39,7 +43,8 @@ def time_runs(
     Args:
         fn: the path to time.
         repeats: timed runs (at least one).
-        device: synchronized before each timer start and after each run (None: host only).
+        synchronize: called before each timer start and after each run, so the timer measures completed work:
+            the backend's ``synchronize`` (None: host work only, complete when ``fn`` returns).
         warmup: untimed runs first (compiles kernels, fills caches).
         before: run untimed before every run, warm-up included (e.g. restore the state ``fn`` consumes).
 
@@ -59,9 +64,11 @@ def time_runs(
     for _ in range(repeats):
         if before is not None:
             before()
-        sync(device)
+        if synchronize is not None:
+            synchronize()
         start = time.perf_counter()
         fn()
-        sync(device)
+        if synchronize is not None:
+            synchronize()
         times.append(time.perf_counter() - start)
     return Timing(min(times), statistics.median(times), repeats)

@@ -102,10 +102,10 @@ def build(sources: Path, binding: Path, sums: Path, build_dir: Path, verbose: bo
         UnsupportedCapabilityError: torch here has no CUDA device (nothing compiled).
         InvalidArgumentError: a source file is missing or differs from its checksum, or ``binding`` is missing.
     """
-    if not torch.cuda.is_available() or torch.version.cuda is None:
+    if not torch.accelerator.is_available() or torch.version.cuda is None:
         raise UnsupportedCapabilityError(
             f"the vLLM kernel peer needs a CUDA device and a CUDA build of torch (torch {torch.__version__}, "
-            f"cuda {torch.version.cuda}, devices {torch.cuda.device_count() if torch.version.cuda else 0})"
+            f"cuda {torch.version.cuda}, devices {torch.accelerator.device_count() if torch.version.cuda else 0})"
         )
     check_sources(sources, sums)
     if not binding.is_file():

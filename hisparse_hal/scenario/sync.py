@@ -28,10 +28,9 @@ LIVENESS_PERIOD_S = 0.05
 
 
 def synchronize_device(backend: Any) -> None:
-    """Wait for the backend's queued device work (nothing to do on the host-synchronous CPU device)."""
-    module = getattr(torch, backend.device.type, None)
-    if backend.device.type != "cpu" and module is not None and hasattr(module, "synchronize"):
-        module.synchronize()
+    """Wait for the backend's queued device work: its ``synchronize()`` (every stream of a GPU; the swaps still in
+    flight on the CPU device)."""
+    backend.synchronize()
 
 
 def lost_rank_error(pool: SharedPool, lost: int, doing: str, reported_by: int | None = None) -> PeerLostError:

@@ -14,6 +14,7 @@ import torch
 from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.regions import Region
 from hisparse_hal.testing.sim_cuda_driver import SimulatedCudaDriver
+from hisparse_hal.testing.sim_device_module import SimulatedDeviceModule
 from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 from hisparse_hal.vendors.cpu.backend import CpuBackend
 from hisparse_hal.vendors.cuda.backend import CudaBackend
@@ -33,16 +34,6 @@ GATHER_SHAPE = (10, 4, 200)  # gather source: 10 blocks of 4 rows of 200 bytes, 
 STAGING_ROWS = 24
 SIM_GPU = torch.device("cuda", 0)  # label of simulated device memory (host bytes underneath)
 CUDA_STREAM = 0x5A00
-
-
-class _SimulatedCudaBackend(CudaBackend):
-    """CudaBackend with torch's stream and capture state replaced by constants (no torch.cuda)."""
-
-    def _current_stream_handle(self) -> int:
-        return CUDA_STREAM
-
-    def is_current_stream_capturing(self) -> bool:
-        return False
 
 
 class Arena:
@@ -168,8 +159,9 @@ def _cpu_vendor() -> _Vendor:
 
 def _cuda_vendor() -> _Vendor:
     sim = SimulatedCudaDriver(12080)
-    backend = _SimulatedCudaBackend.for_device(
-        0, 12080, "sm_90", runtime=CudaDriver(0, sim), device=torch.device("cpu")
+    backend = CudaBackend.for_device(
+        0, 12080, "sm_90", runtime=CudaDriver(0, sim), device=torch.device("cpu"),
+        device_module=SimulatedDeviceModule(CUDA_STREAM),
     )
 
     def registrations() -> Any:

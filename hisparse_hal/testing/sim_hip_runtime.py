@@ -20,11 +20,12 @@ import itertools
 import os
 from collections import Counter
 from collections.abc import Collection, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hisparse_hal.capabilities import Capabilities
+from hisparse_hal.testing.sim_device_module import SimulatedDeviceModule
 from hisparse_hal.vendors.rocm.capabilities import ROCM_RELEASE_HIP_VERSIONS, hip_version, plan_capabilities
 from hisparse_hal.vendors.rocm.runtime import _PROTOTYPES, HipMemcpyAttributes, HipRuntime
 
@@ -423,23 +424,32 @@ class SimulatedIpcRing:
 
 
 class _SimulatedRocmBackendMixin:
-    """Test-only overrides: the current stream is the simulator's, and capture state is a flag."""
+    """Test-only: the device module is a :class:`SimulatedDeviceModule` on the simulator's stream whose
+    synchronisation lands every queued copy; ``simulated_stream`` and ``simulated_capturing`` reach into it."""
 
-    simulated_stream = 0x5000
-    simulated_capturing = False
     simulator: SimulatedHipRuntime  # set by simulated_rocm_backend
+    device_module: Any  # a SimulatedDeviceModule, set by simulated_rocm_backend
 
     if TYPE_CHECKING:  # provided by the backend class this is mixed into (TorchGpuBackend)
         def device_address_of_host(self, host_tensor: torch.Tensor) -> int: ...
 
-    def _current_stream_handle(self) -> int:
-        return self.simulated_stream
+    @property
+    def simulated_stream(self) -> int:
+        """The raw stream handle swaps are enqueued on."""
+        return int(self.device_module.stream)
 
-    def is_current_stream_capturing(self) -> bool:
-        return self.simulated_capturing
+    @simulated_stream.setter
+    def simulated_stream(self, value: int) -> None:
+        self.device_module.stream = value
 
-    def _wait_for_device_work(self) -> None:
-        self.simulator.synchronize()  # what torch.cuda.synchronize is on a real GPU: every queued copy lands
+    @property
+    def simulated_capturing(self) -> bool:
+        """What ``is_current_stream_capturing`` answers."""
+        return bool(self.device_module.capturing)
+
+    @simulated_capturing.setter
+    def simulated_capturing(self, value: bool) -> None:
+        self.device_module.capturing = value
 
     def device_view_of_host(self, host_tensor: torch.Tensor) -> torch.Tensor:
         """Simulated kernels run on the CPU, where only the host address is readable: resolve the real device
@@ -469,8 +479,9 @@ def simulated_rocm_backend(
 
     runtime = sim.runtime()
     caps = capabilities or plan_capabilities(runtime.runtime_version(), arch, batch_symbol=runtime.has_batch_copy())
-    backend = SimulatedRocmBackend(caps, runtime, 0, device=torch.device("cpu"))
-    backend.simulated_stream = stream
+    # A device synchronisation is what it is on a real GPU: every queued copy lands.
+    device_module = SimulatedDeviceModule(stream, on_synchronize=sim.synchronize)
+    backend = SimulatedRocmBackend(caps, runtime, 0, device=torch.device("cpu"), device_module=device_module)
     backend.simulator = sim
     return backend
 
@@ -491,7 +502,7 @@ def conformance_backend(release: str | None = None, arch: str | None = None) -> 
     ``release`` and ``arch`` default to ``$SIM_HIP_RELEASE`` (7.14) and ``$SIM_HIP_ARCH`` (gfx950), which
     reach the suite's worker processes too.
 
-    Graph capture and IPC events go through ``torch.cuda``, which this simulation does not provide, so
+    Graph capture and IPC events go through torch's device module, which this simulation does not provide, so
     they are declared absent and the suite skips those tiers; everything else runs through the real
     ``RocmBackend`` and ``HipRuntime`` against :class:`SimulatedHipRuntime`.
     """

@@ -123,3 +123,9 @@ def test_members_a_backend_does_not_implement_name_the_backend_and_the_member():
                        match=r"backend 'recording' \(RecordingBackend\) does not implement create_ipc_event"):
         backend.create_ipc_event()
     assert backend.supports_shared_host_pool is False and backend.stats_dtype == torch.uint64
+
+
+def test_synchronize_is_a_member_a_backend_must_implement():
+    with pytest.raises(UnsupportedCapabilityError,
+                       match=r"^backend 'recording' \(RecordingBackend\) does not implement synchronize$"):
+        RecordingBackend().synchronize()

@@ -359,7 +359,7 @@ def test_a_gpu_graph_capturing_a_swap_into_a_pin_that_moved_refuses_to_replay(mo
     assert backend.capabilities.graph_capture
     replays: list[int] = []
 
-    class FakeGraph:  # torch.cuda.CUDAGraph's face; the simulator runs the copies at capture
+    class FakeGraph:  # the device module's graph (torch.cuda.CUDAGraph's face); the simulator copies at capture
         def replay(self) -> None:
             replays.append(1)
 
@@ -371,8 +371,8 @@ def test_a_gpu_graph_capturing_a_swap_into_a_pin_that_moved_refuses_to_replay(mo
         finally:
             backend.simulated_capturing = False
 
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", fake_graph_capture)
+    monkeypatch.setattr(backend.device_module, "new_graph", FakeGraph)
+    monkeypatch.setattr(backend.device_module, "graph_capture", fake_graph_capture)
     from hisparse_hal import KVCacheConfig, LayerSpec
 
     device = torch.full((PAGE,), 0x3C, dtype=torch.uint8)

@@ -1,5 +1,6 @@
 """Which synchronisation the scenario's ranks use (``scenario/sync.py:choose_sync``): IPC events when the backend has
-them without a cycle limit the run would outlast, barriers otherwise; which rank a survivor blames for a loss."""
+them without a cycle limit the run would outlast, barriers otherwise; which rank a survivor blames for a loss; the
+device waits go through the backend's ``synchronize()``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hisparse_hal.capabilities import KV_FORMATS, Capabilities
 from hisparse_hal.errors import PeerLostError, UnsupportedCapabilityError
 from hisparse_hal.scenario import choose_sync
 from hisparse_hal.scenario.pool import _PIDS_AT, ABORTED, ABORTED_BY, SharedPool
-from hisparse_hal.scenario.sync import find_lost_rank, lost_rank_error
+from hisparse_hal.scenario.sync import BarrierStepSync, find_lost_rank, lost_rank_error, synchronize_device
 
 
 def _caps(ipc_events: bool, limit: int | None) -> Capabilities:
@@ -76,3 +77,27 @@ def test_the_first_rank_to_find_a_loss_marks_the_pool_with_itself_as_the_reporte
         assert (pool.word(ABORTED), pool.word(ABORTED_BY)) == (3, 0)
     finally:
         pool.close()
+
+
+class _CountingBackend:
+    """Counts ``synchronize()`` calls; any other member would fail the test (the waits need none)."""
+
+    def __init__(self) -> None:
+        self.synchronizations = 0
+
+    def synchronize(self) -> None:
+        self.synchronizations += 1
+
+
+def test_a_device_wait_is_the_backends_synchronize():
+    backend = _CountingBackend()
+    synchronize_device(backend)
+    assert backend.synchronizations == 1
+
+
+def test_a_reader_on_the_barrier_path_waits_for_its_device_after_each_read():
+    backend = _CountingBackend()
+    sync = BarrierStepSync(backend, pool=None, timeout_s=1.0)  # type: ignore[arg-type]
+    sync.after_read(0)
+    sync.after_read(1)
+    assert backend.synchronizations == 2

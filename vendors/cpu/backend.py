@@ -233,6 +233,15 @@ class CpuBackend(HiSparseBackend):
 
         graph.record(CapturedOp(name, run, check_again))
 
+    def synchronize(self) -> None:
+        """Wait for the swaps a :meth:`delay_next_swap` left in flight (returns at once when none is; every
+        other piece of work on the host device has completed when its call returns).
+
+        Raises:
+            Exception: the first failure of a delayed swap, as a GPU stream reports an earlier fault.
+        """
+        self._delayed.drain()
+
     # ----------------------------------------------------------------- capture
     def is_current_stream_capturing(self) -> bool:
         """True inside :meth:`capture` on this thread (the CPU device's current stream is per thread)."""

@@ -15,6 +15,7 @@ import torch
 
 from hisparse_hal.errors import BackendUnavailableError
 from hisparse_hal.vendors.gpu.backend import TorchGpuBackend
+from hisparse_hal.vendors.gpu.device_module import GpuDeviceModule, TorchDeviceModule
 from hisparse_hal.vendors.gpu.runtime import CopyRuntime
 
 from .capabilities import plan_capabilities
@@ -46,6 +47,7 @@ class CudaBackend(TorchGpuBackend):
         runtime: CopyRuntime | None = None,
         device: torch.device | None = None,
         max_batch_descriptors: int | None = None,
+        device_module: GpuDeviceModule | None = None,
     ) -> _Backend:
         """A backend for CUDA device ``device_index`` with capabilities planned for its driver and arch.
 
@@ -59,6 +61,7 @@ class CudaBackend(TorchGpuBackend):
                 runtime is taken to return no aliases.
             device: override of the KV-cache device (tests only; default ``cuda:<device_index>``).
             max_batch_descriptors: descriptor cap; default from ``HISPARSE_HAL_CUDA_MAX_BATCH`` or 8192.
+            device_module: torch's API for the device (tests: a simulated one); default from ``device``.
 
         Raises:
             InvalidArgumentError: a bad driver version, architecture or cap.
@@ -73,7 +76,7 @@ class CudaBackend(TorchGpuBackend):
         capabilities = plan_capabilities(
             driver_version, arch, max_batch_descriptors=max_batch_descriptors, host_pointer_alias=alias
         )
-        return cls(capabilities, runtime, device_index, device=device)
+        return cls(capabilities, runtime, device_index, device=device, device_module=device_module)
 
     @classmethod
     def from_probe(cls, probe: ProbeResult) -> CudaBackend:
@@ -91,8 +94,8 @@ class CudaBackend(TorchGpuBackend):
                 "run 'hisparse-hal info'"
             )
         try:
-            index = torch.cuda.current_device()
-            major, minor = torch.cuda.get_device_capability(index)
+            gpu = TorchDeviceModule.current(cls.device_type)
+            major, minor = gpu.module.get_device_capability(gpu.index)
         except (RuntimeError, AssertionError) as exc:
             raise BackendUnavailableError(f"torch cannot use CUDA although the probe passed: {exc}") from exc
-        return cls.for_device(index, driver_version, f"sm_{major}{minor}")
+        return cls.for_device(gpu.index, driver_version, f"sm_{major}{minor}")

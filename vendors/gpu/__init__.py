@@ -1,6 +1,9 @@
-"""What the CUDA and ROCm backends share, written once: both reach their GPU through torch's ``torch.cuda``
-namespace (torch's HIP build answers to it too), so streams, graph capture and IPC events are the same code.
+"""What the CUDA and ROCm backends share, written once: both reach their GPU through torch's device module for
+the ``"cuda"`` device type (torch's HIP build answers to it too) and ``torch.accelerator``, so streams, graph
+capture and IPC events are the same code.
 
+- ``device_module``: the one place torch is asked for the device (``torch.get_device_module``,
+  ``torch.accelerator``); simulators replace it, not torch.
 - ``runtime``: the ``CopyRuntime`` protocol each vendor's ``runtime.py`` binding implements, and the
   descriptor handling both batch calls need.
 - ``backend``: ``TorchGpuBackend``, the per-swap copy path (batch or per-copy loop), chunking, pinning, gathers.

@@ -1,9 +1,10 @@
-"""The GPU backend CUDA and ROCm share through torch's ``torch.cuda`` namespace, written once.
+"""The GPU backend CUDA and ROCm share through torch's device module for their device, written once.
 
 A vendor subclass supplies a :class:`~hisparse_hal.vendors.gpu.runtime.CopyRuntime` (its binding to libcuda
 or libamdhip64) and its ``Capabilities``; this layer picks the copy path per swap (native batch or per-copy
-loop), chunks at the descriptor cap, pins through the runtime, captures with ``torch.cuda.CUDAGraph`` and
-carries IPC events. Invariant: no device call is made for work that has already been rejected.
+loop), chunks at the descriptor cap, pins through the runtime, captures into the device module's graph and
+carries IPC events, all through :mod:`.device_module`. Invariant: no device call is made for work that has
+already been rejected.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import threading
 import warnings
 from collections.abc import Iterator
+from typing import ClassVar
 
 import torch
 
@@ -31,6 +33,7 @@ from hisparse_hal.gather import gather_rows, new_fault_record, raise_recorded_fa
 from hisparse_hal.regions import SwapBatch
 from hisparse_hal.settings import event_timeout_s as event_timeout_s_from_env
 
+from .device_module import GpuDeviceModule, device_module_for
 from .events import GpuIpcEvent, decode_event_handle, encode_event_handle
 from .gather_check import TritonIdCheck, triton_check_available
 from .graph import GpuCapturedGraph
@@ -47,16 +50,19 @@ BATCH_COPY_MODES = ("auto", "loop")
 
 
 class TorchGpuBackend(HiSparseBackend):
-    """The shared GPU backend: streams, graphs and events from ``torch.cuda``, copies from a runtime.
+    """The shared GPU backend: streams, graphs and events from the device's torch module, copies from a runtime.
 
     Args:
         capabilities: the vendor's ``plan_capabilities`` result for this device.
         runtime: the vendor binding (:class:`CopyRuntime`).
         device_index: the GPU ordinal (after ``CUDA_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``).
-        device: where KV caches live; defaults to ``torch.device("cuda", device_index)`` (torch's HIP
-            build also says ``"cuda"``). Tests inject ``torch.device("cpu")`` with a simulated runtime.
+        device: where KV caches live; defaults to ``torch.device(device_type, device_index)``. Tests inject
+            ``torch.device("cpu")`` with a simulated runtime.
         event_timeout_s: default bound of :meth:`GpuIpcEvent.synchronize`; None reads
             ``HISPARSE_HAL_EVENT_TIMEOUT_S`` (default 30 s), as the CPU device does.
+        device_module: what this layer asks of torch for the device (streams, synchronisation, capture state,
+            graphs, IPC events); default :func:`~.device_module.device_module_for` of ``device``. Simulators
+            pass a stand-in (``hisparse_hal.testing.sim_device_module``).
 
     Swaps inside a graph capture are captured, never batched: the driver has no graph-node form of
     ``cuMemcpyBatchAsync`` (cuda-python ``cuda.core.utils.copy_batch`` docs), while each per-copy
@@ -67,6 +73,8 @@ class TorchGpuBackend(HiSparseBackend):
     """
 
     name = "gpu"
+    #: torch's device type of the GPU: ``"cuda"`` on torch's CUDA and HIP builds alike.
+    device_type: ClassVar[str] = "cuda"
 
     def __init__(
         self,
@@ -76,16 +84,19 @@ class TorchGpuBackend(HiSparseBackend):
         *,
         device: torch.device | None = None,
         event_timeout_s: float | None = None,
+        device_module: GpuDeviceModule | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(device_index, int) or isinstance(device_index, bool) or device_index < 0:
             raise InvalidArgumentError(f"device_index must be an int >= 0, got {device_index!r}")
         # The one place the GPU backends choose their cache-ops implementation: by whether triton imports,
         # for the backend's GPU (not an injected test device), never by vendor.
-        self._capabilities = with_cache_ops(capabilities, torch.device("cuda", device_index))
+        self._capabilities = with_cache_ops(capabilities, torch.device(self.device_type, device_index))
         self.runtime = runtime
         self.device_index = device_index
-        self._device = device if device is not None else torch.device("cuda", device_index)
+        self._device = device if device is not None else torch.device(self.device_type, device_index)
+        #: torch's API for this device (:mod:`.device_module`): every stream, sync, graph and event call goes here.
+        self.device_module = device_module if device_module is not None else device_module_for(self._device)
         self.event_timeout_s = (event_timeout_s_from_env() if event_timeout_s is None
                                 else check_timeout_s(event_timeout_s, "event_timeout_s"))
         self._batch_copy_mode = "auto"
@@ -98,7 +109,7 @@ class TorchGpuBackend(HiSparseBackend):
         #: None and the torch ops of :func:`~hisparse_hal.gather.gather_rows` check. Tests may install one
         #: (on :attr:`gather_fault_record`) that runs under triton's interpreter.
         self.gather_id_check: TritonIdCheck | None = None
-        if self._device.type != "cuda" or torch.cuda.is_available():
+        if self._device.type != self.device_type or torch.accelerator.is_available():
             self._build_gather_check()
         self._alias_map: tuple[int, HostAliasMap] | None = None  # (pin generation, table)
         self._capturing = threading.local()  # .graph: the GpuCapturedGraph this thread is capturing into
@@ -125,19 +136,14 @@ class TorchGpuBackend(HiSparseBackend):
             raise InvalidArgumentError(f"batch_copy_mode must be one of {BATCH_COPY_MODES}, got {mode!r}")
         self._batch_copy_mode = mode
 
-    @contextlib.contextmanager
-    def _device_scope(self) -> Iterator[None]:
-        """Make this backend's GPU torch's current device for the block (no-op for injected devices)."""
-        if self._device.type != "cuda":
-            yield
-            return
-        with torch.cuda.device(self.device_index):
-            yield
+    def _device_scope(self) -> contextlib.AbstractContextManager[object]:
+        """Make this backend's GPU torch's current device for the block (no-op for an injected host device)."""
+        return self.device_module.scope()
 
     # ----------------------------------------------------------------- swaps
     def _current_stream_handle(self) -> int:
         """The raw handle of torch's current stream on this device (0 is the legacy default stream)."""
-        return int(torch.cuda.current_stream(self._device).cuda_stream)
+        return self.device_module.current_stream_handle()
 
     def _swap_path(self, stream: int, capturing: bool) -> str:
         if self._batch_copy_mode == "loop" or self._capabilities.batch_copy == "loop":
@@ -197,7 +203,7 @@ class TorchGpuBackend(HiSparseBackend):
     # ----------------------------------------------------------------- gathers
     def _build_gather_check(self) -> None:
         self._fault_record = new_fault_record(self._device)
-        if self._device.type == "cuda" and triton_check_available(self._device):
+        if self._device.type == self.device_type and triton_check_available(self._device):
             self.gather_id_check = TritonIdCheck(self._fault_record)
 
     @property
@@ -341,7 +347,7 @@ class TorchGpuBackend(HiSparseBackend):
                 device alias that an injected non-GPU test device cannot dereference.
         """
         address = self.device_address_of_host(host_tensor)
-        if self._device.type != "cuda":
+        if self._device.type != self.device_type:
             # Simulated backends in tests inject the CPU device: there only the host address is readable.
             if address == host_tensor.data_ptr():
                 return host_tensor
@@ -362,13 +368,20 @@ class TorchGpuBackend(HiSparseBackend):
                 "a capturable operation; call it before or after the capture (the capture is still valid)"
             )
 
+    def synchronize(self) -> None:
+        """Block until the work queued on every stream of this GPU has completed (``torch.accelerator.synchronize``
+        through :attr:`device_module`).
+
+        Raises:
+            RuntimeError: torch's error of a failed device (a lost context, an earlier asynchronous fault).
+        """
+        self.device_module.synchronize()
+
     def _wait_for_device_work(self) -> None:
         """Wait for this GPU's queued work before host memory is unregistered: a copy into the pool still
         queued on any stream must land while the range is registered. A lost context is logged (teardown)."""
-        if self._device.type != "cuda":
-            return  # an injected test device: its simulator's mixin waits instead
         try:
-            torch.cuda.synchronize(self.device_index)
+            self.synchronize()
         except RuntimeError as error:
             log.warning("%s: could not wait for device work before unregistering host memory: %s",
                         self.runtime.label, error)
@@ -392,12 +405,13 @@ class TorchGpuBackend(HiSparseBackend):
     # ----------------------------------------------------------------- graphs
     def is_current_stream_capturing(self) -> bool:
         """True while torch's current stream is capturing (any status but none); creates no context
-        (``torch.cuda.is_current_stream_capturing`` returns False where no context exists)."""
-        return bool(torch.cuda.is_current_stream_capturing())
+        (the device module's ``is_current_stream_capturing`` returns False where no context exists)."""
+        return self.device_module.is_current_stream_capturing()
 
     def capture(self) -> contextlib.AbstractContextManager[GpuCapturedGraph]:
-        """Capture this backend's work into a ``torch.cuda.CUDAGraph`` on a side stream torch makes
-        current; yields a :class:`GpuCapturedGraph` whose ``replay()`` works once the block ends.
+        """Capture this backend's work into the device module's graph (``torch.cuda.CUDAGraph`` on CUDA and HIP)
+        on a side stream torch makes current; yields a :class:`GpuCapturedGraph` whose ``replay()`` works once
+        the block ends.
 
         Raises:
             UnsupportedCapabilityError: ``capabilities.graph_capture`` is False on this runtime (the
@@ -417,10 +431,10 @@ class TorchGpuBackend(HiSparseBackend):
             # An empty capture is valid here (it replays as a no-op); torch warns that it "usually
             # means" a wrong stream, which is noise for this contract.
             warnings.filterwarnings("ignore", message="The CUDA Graph is empty", category=UserWarning)
-            captured = GpuCapturedGraph(torch.cuda.CUDAGraph(), self._check_replay_regions)
+            captured = GpuCapturedGraph(self.device_module.new_graph(), self._check_replay_regions)
             self._capturing.graph = captured
             try:
-                with torch.cuda.graph(captured.graph):
+                with self.device_module.graph_capture(captured.graph):
                     yield captured
             finally:
                 self._capturing.graph = None
@@ -443,7 +457,7 @@ class TorchGpuBackend(HiSparseBackend):
         """A new interprocess event on this device (timing disabled), created eagerly on it."""
         self._require_ipc("create_ipc_event")
         with self._device_scope():
-            event = torch.cuda.Event(enable_timing=False, blocking=False, interprocess=True)
+            event = self.device_module.ipc_event()
             event.ipc_handle()  # torch creates the event lazily on the *current* device; fix it now
         return GpuIpcEvent(event, self.device_index, self.event_timeout_s, imported=False)
 
@@ -475,9 +489,11 @@ class TorchGpuBackend(HiSparseBackend):
         """
         self._require_ipc("import_event")
         same_process, _exported_on, raw = decode_event_handle(handle)
-        target = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
-        if target.type != "cuda":
-            raise InvalidArgumentError(f"import_event: device must be a GPU device ('cuda'), got {target}")
+        target = torch.device(device) if not isinstance(device, int) else torch.device(self.device_type, device)
+        if target.type != self.device_type:
+            raise InvalidArgumentError(
+                f"import_event: device must be a GPU device ('{self.device_type}'), got {target}"
+            )
         if same_process:
             raise InvalidArgumentError(
                 "import_event: this handle was exported by this same process; CUDA and HIP refuse to open "
@@ -485,8 +501,8 @@ class TorchGpuBackend(HiSparseBackend):
                 "import the handle only in other processes"
             )
         index = target.index if target.index is not None else self.device_index
-        with torch.cuda.device(index):
-            event = torch.cuda.Event.from_ipc_handle(index, raw)
+        with self.device_module.scope(index):
+            event = self.device_module.open_ipc_event(index, raw)
         return GpuIpcEvent(event, index, self.event_timeout_s, imported=True)
 
     def _require_ipc(self, member: str) -> None:

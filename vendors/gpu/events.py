@@ -1,5 +1,5 @@
-"""Interprocess events on a GPU: the picklable handle codec and :class:`GpuIpcEvent`, a ``torch.cuda.Event``
-with a bounded ``synchronize``.
+"""Interprocess events on a GPU: the picklable handle codec and :class:`GpuIpcEvent`, the device module's
+interprocess ``Event`` (``torch.cuda.Event`` on CUDA and HIP) with a bounded ``synchronize``.
 
 A handle carries the exporting process's token and pid, so importing it in its own process (which CUDA and
 HIP refuse, ROCm hip #2882) is caught before any device call.
@@ -11,9 +11,7 @@ import os
 import struct
 import time
 import uuid
-from typing import cast
-
-import torch
+from typing import Any
 
 from hisparse_hal.errors import EventTimeoutError, InvalidArgumentError
 from hisparse_hal.events import DEFAULT_TIMEOUT, WaitDefault, check_timeout_s, wait_bound
@@ -65,13 +63,15 @@ def decode_event_handle(data: object) -> tuple[bool, int, bytes]:
 
 
 class GpuIpcEvent:
-    """An interprocess ``torch.cuda.Event`` with a bounded ``synchronize``.
+    """An interprocess event of the device module (``torch.cuda.Event`` on CUDA and HIP) with a bounded
+    ``synchronize``.
 
-    ``torch_event`` is the wrapped event; ``record``/``wait``/``query`` forward to it. ``timeout_s`` bounds
+    ``torch_event`` is the wrapped event (from :meth:`~.device_module.GpuDeviceModule.ipc_event`);
+    ``record``/``wait``/``query`` forward to it. ``timeout_s`` bounds
     ``synchronize()`` without a timeout (positive and finite: anything else raises ``InvalidArgumentError``).
     """
 
-    def __init__(self, torch_event: torch.cuda.Event, device_index: int, timeout_s: float, imported: bool) -> None:
+    def __init__(self, torch_event: Any, device_index: int, timeout_s: float, imported: bool) -> None:
         self.torch_event = torch_event
         self.device_index = device_index
         self.timeout_s = timeout_s  # checked by the property's setter
@@ -89,11 +89,11 @@ class GpuIpcEvent:
     def record(self, stream: object | None = None) -> None:
         """Record on ``stream`` (the current stream when None)."""
         # The contract's stream is opaque (``object``); here it is a torch stream, which torch checks.
-        self.torch_event.record(cast("torch.cuda.Stream | None", stream))
+        self.torch_event.record(stream)
 
     def wait(self, stream: object | None = None) -> None:
         """Make ``stream`` (the current stream when None) wait for the event on the device."""
-        self.torch_event.wait(cast("torch.cuda.Stream | None", stream))
+        self.torch_event.wait(stream)
 
     def query(self) -> bool:
         """True when the work recorded before the event has completed."""

@@ -1,11 +1,10 @@
-"""A captured GPU graph: the ``torch.cuda.CUDAGraph`` that :meth:`TorchGpuBackend.capture` yields, replayable
-only once the capture has ended."""
+"""A captured GPU graph: the device module's graph (``torch.cuda.CUDAGraph`` on CUDA and HIP) that
+:meth:`TorchGpuBackend.capture` yields, replayable only once the capture has ended."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import torch
+from typing import Any
 
 from hisparse_hal.errors import CaptureMisuseError
 from hisparse_hal.regions import Region
@@ -14,7 +13,7 @@ __all__ = ["GpuCapturedGraph"]
 
 
 class GpuCapturedGraph:
-    """A ``torch.cuda.CUDAGraph`` captured by :meth:`TorchGpuBackend.capture`.
+    """A device-module graph (``torch.cuda.CUDAGraph`` on CUDA and HIP) captured by :meth:`TorchGpuBackend.capture`.
 
     ``regions`` collects the regions the captured swaps named; ``before_replay`` (the backend's check that
     they are all still registered) runs before every replay, so a graph never copies into memory released
@@ -22,7 +21,7 @@ class GpuCapturedGraph:
     """
 
     def __init__(
-        self, graph: torch.cuda.CUDAGraph, before_replay: Callable[[GpuCapturedGraph], None] | None = None
+        self, graph: Any, before_replay: Callable[[GpuCapturedGraph], None] | None = None
     ) -> None:
         self.graph = graph
         self.complete = False

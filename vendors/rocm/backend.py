@@ -18,6 +18,7 @@ import torch
 from hisparse_hal.errors import UnsupportedCapabilityError
 from hisparse_hal.kv_cache import KV_FORMAT_SPECS
 from hisparse_hal.vendors.gpu.backend import TorchGpuBackend
+from hisparse_hal.vendors.gpu.device_module import TorchDeviceModule
 from hisparse_hal.vendors.gpu.events import GpuIpcEvent
 
 from .capabilities import GfxArch, arch_facts, parse_arch, plan_capabilities
@@ -61,8 +62,9 @@ class RocmBackend(TorchGpuBackend):
             DeviceRuntimeError: hipRuntimeGetVersion failed.
         """
         runtime = HipRuntime.load()
-        device_index = torch.cuda.current_device()
-        arch = torch.cuda.get_device_properties(device_index).gcnArchName
+        gpu = TorchDeviceModule.current(cls.device_type)
+        device_index = gpu.index
+        arch = gpu.module.get_device_properties(device_index).gcnArchName
         capabilities = plan_capabilities(runtime.runtime_version(), arch, batch_symbol=runtime.has_batch_copy())
         extra = {"torch.version.hip": str(torch.version.hip), "hip_library": runtime.path}
         for key in ("rocm_version", "driver_version", "device_source"):

@@ -1,8 +1,8 @@
 """``CudaBackend`` end to end on the CPU: the real backend and libcuda binding over the simulated driver.
 
 The simulator (``hisparse_hal/testing/sim_cuda_driver.py``) stands in for libcuda and moves real host bytes;
-the backend's device is injected as the CPU and torch's stream and capture state are replaced by plain
-attributes. What this proves: swap validation, path choice, chunking at the cap, pinning with
+the backend's device is injected as the CPU and its device module is a SIMULATED one (stream and capture
+state as plain attributes). What this proves: swap validation, path choice, chunking at the cap, pinning with
 rollback and dead-context teardown, capture rules. What it cannot prove: anything about a real GPU.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import mmap
+from typing import cast
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from hisparse_hal.errors import (
 )
 from hisparse_hal.registry import ProbeResult
 from hisparse_hal.testing.sim_cuda_driver import DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
+from hisparse_hal.testing.sim_device_module import SimulatedDeviceModule
 from hisparse_hal.vendors.cuda import runtime as driver_module
 from hisparse_hal.vendors.cuda.backend import CudaBackend
 from hisparse_hal.vendors.cuda.capabilities import BATCH_CAP_ENV
@@ -35,25 +37,18 @@ STREAM = 0x5A00
 GPU = torch.device("cuda", 0)  # label only: simulated device memory is host memory
 
 
-class SimulatedCudaBackend(CudaBackend):
-    """CudaBackend with torch's stream and capture state replaced by attributes (no torch.cuda)."""
-
-    stream = STREAM
-    capturing = False
-
-    def _current_stream_handle(self) -> int:
-        return self.stream
-
-    def is_current_stream_capturing(self) -> bool:
-        return self.capturing
+def simulated(backend: CudaBackend) -> SimulatedDeviceModule:
+    """The simulated device module under ``backend``: torch's stream and capture state as attributes."""
+    return cast(SimulatedDeviceModule, backend.device_module)
 
 
 def make_backend(
     driver_version: int = 12080, *, cap: int | None = None, **sim_options: object
-) -> tuple[SimulatedCudaBackend, SimulatedCudaDriver]:
+) -> tuple[CudaBackend, SimulatedCudaDriver]:
     sim = SimulatedCudaDriver(driver_version, **sim_options)  # type: ignore[arg-type]
-    backend = SimulatedCudaBackend.for_device(
-        0, driver_version, "sm_90", runtime=CudaDriver(0, sim), device=torch.device("cpu"), max_batch_descriptors=cap
+    backend = CudaBackend.for_device(
+        0, driver_version, "sm_90", runtime=CudaDriver(0, sim), device=torch.device("cpu"), max_batch_descriptors=cap,
+        device_module=SimulatedDeviceModule(STREAM),
     )
     return backend, sim
 
@@ -62,7 +57,7 @@ class Pool:
     """A simulated device cache (registered as an explicit device region) and a pinned host pool."""
 
     def __init__(
-        self, backend: SimulatedCudaBackend, sim: SimulatedCudaDriver, blocks: int = 64, block: int = 656
+        self, backend: CudaBackend, sim: SimulatedCudaDriver, blocks: int = 64, block: int = 656
     ) -> None:
         self.block = block
         self.device = sim.allocate_device(blocks * block)
@@ -142,7 +137,7 @@ def test_failing_descriptor_index_counts_from_the_start_of_the_whole_swap() -> N
 
 def test_legacy_default_stream_uses_the_per_copy_loop() -> None:
     backend, sim = make_backend()
-    backend.stream = 0
+    simulated(backend).stream = 0
     pool = Pool(backend, sim)
     backend.swap_blocks_batch(*pool.spill([0, 1, 2], [2, 1, 0]))
     assert backend.last_swap_path == "loop"
@@ -292,7 +287,7 @@ def test_unpin_error_that_is_not_a_lost_context_is_raised() -> None:
 def test_swap_inside_a_capture_is_captured_per_copy_never_batched() -> None:
     backend, sim = make_backend()
     pool = Pool(backend, sim)
-    backend.capturing = True
+    simulated(backend).capturing = True
     backend.swap_blocks_batch(*pool.spill([0, 1], [3, 4]))
     assert backend.last_swap_path == "loop"
     assert sim.calls_to("cuMemcpyBatchAsync") == [] and len(sim.calls_to("cuMemcpyAsync")) == 2
@@ -303,7 +298,7 @@ def test_capturing_swap_touching_an_explicit_host_region_is_rejected_before_the_
     pool = Pool(backend, sim)
     staging = torch.zeros(4, pool.block, dtype=torch.uint8)  # pageable: not pinned by the backend
     backend.register_region(staging.data_ptr(), staging.numel(), "staging", device=torch.device("cpu"))
-    backend.capturing = True
+    simulated(backend).capturing = True
     calls = len(sim.calls)
     src = torch.tensor([pool.device.data_ptr(), pool.device.data_ptr() + pool.block], dtype=torch.int64)
     dst = torch.tensor([pool.host.data_ptr(), staging.data_ptr()], dtype=torch.int64)
@@ -320,7 +315,7 @@ def test_pinning_while_capturing_is_rejected_before_the_driver(member: str) -> N
     host = torch.zeros(4, 4096, dtype=torch.uint8)
     if member == "unpin_tensor":
         backend.pin_tensor(host)
-    backend.capturing = True
+    simulated(backend).capturing = True
     calls = len(sim.calls)
     with pytest.raises(CaptureMisuseError, match=f"{member} cannot run while the current stream is capturing"):
         getattr(backend, member)(host)
@@ -329,7 +324,7 @@ def test_pinning_while_capturing_is_rejected_before_the_driver(member: str) -> N
 
 def test_capture_while_capturing_is_misuse() -> None:
     backend, _ = make_backend()
-    backend.capturing = True
+    simulated(backend).capturing = True
     with pytest.raises(CaptureMisuseError, match="already capturing"):
         with backend.capture():
             pass
@@ -392,7 +387,7 @@ def test_from_probe_plans_from_the_probed_driver_torchs_device_capability_and_th
 ) -> None:
     sim = SimulatedCudaDriver(12090, device_count=2, host_pointer_usable=host_pointer_usable)
     monkeypatch.setattr(driver_module, "load_libcuda", lambda: sim)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0) if index == 1 else (8, 0))
     backend = CudaBackend.from_probe(_probe_result({"driver_version": 12090}))
     assert backend.device == torch.device("cuda", 1) and backend.device_index == 1

@@ -3,13 +3,13 @@ the CPU.
 
 The runtime here is a plain Python recorder that moves real bytes; it proves the backend's decisions
 (copy path, chunking, error re-basing, teardown tolerance, IPC members' checks, the capture gate).
-``torch.cuda`` itself (streams, graphs, events) needs a GPU and is not exercised here.
+torch's device module itself (streams, graphs, events) needs a GPU: a SIMULATED one stands in here.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pytest
 import torch
@@ -21,6 +21,7 @@ from hisparse_hal.errors import (
     UnsupportedCapabilityError,
 )
 from hisparse_hal.regions import SwapBatch
+from hisparse_hal.testing.sim_device_module import SimulatedDeviceModule
 from hisparse_hal.vendors.gpu.backend import TorchGpuBackend
 from hisparse_hal.vendors.gpu.events import GpuIpcEvent, encode_event_handle
 from hisparse_hal.vendors.gpu.runtime import CopyRuntime
@@ -73,20 +74,18 @@ def caps(batch_copy: Literal["native", "loop"] = "native", cap: int | None = 4, 
 
 class Backend(TorchGpuBackend):
     name = "test_gpu"
-    stream = 0x10
-    capturing = False
 
-    def _current_stream_handle(self) -> int:
-        return self.stream
 
-    def is_current_stream_capturing(self) -> bool:
-        return self.capturing
+def simulated(backend: TorchGpuBackend) -> SimulatedDeviceModule:
+    """The simulated device module under ``backend`` (torch's stream and capture state as attributes)."""
+    return cast(SimulatedDeviceModule, backend.device_module)
 
 
 def setup(
     runtime: RecordingRuntime, capabilities: Capabilities | None = None
 ) -> tuple[Backend, torch.Tensor, torch.Tensor]:
-    backend = Backend(capabilities or caps(), runtime, 0, device=torch.device("cpu"))
+    backend = Backend(capabilities or caps(), runtime, 0, device=torch.device("cpu"),
+                      device_module=SimulatedDeviceModule(0x10))
     device = torch.arange(40 * 16, dtype=torch.int32).view(torch.uint8)[: 10 * 256].clone()
     host = torch.zeros(10, 256, dtype=torch.uint8)
     backend.register_region(device.data_ptr(), device.numel(), "device", device=torch.device("cuda", 0))
@@ -148,7 +147,7 @@ def test_per_copy_loop_is_used_when_the_batch_call_cannot_be(why: str, capabilit
                                                              stream: int, mode: str, capturing: bool) -> None:
     runtime = RecordingRuntime(batch=batch_symbol)
     backend, device, host = setup(runtime, capabilities)
-    backend.stream, backend.batch_copy_mode, backend.capturing = stream, mode, capturing
+    simulated(backend).stream, backend.batch_copy_mode, simulated(backend).capturing = stream, mode, capturing
     backend.swap_blocks_batch(*spill(device, host, 10))
     copies = [c for c in runtime.calls if c[0] in ("batch", "each")]
     assert copies == [("each", (10, stream))], why  # the loop is never chunked
@@ -241,7 +240,7 @@ def test_export_rejects_objects_that_are_not_exportable_events() -> None:
     backend = TorchGpuBackend(caps(), RecordingRuntime(), 0, device=torch.device("cpu"))
     with pytest.raises(InvalidArgumentError, match="expected an event from create_ipc_event, got object"):
         backend.export_event(object())  # type: ignore[arg-type]
-    imported = GpuIpcEvent(object(), 0, 1.0, imported=True)  # type: ignore[arg-type]
+    imported = GpuIpcEvent(object(), 0, 1.0, imported=True)
     with pytest.raises(InvalidArgumentError, match="got GpuIpcEvent that was itself imported"):
         backend.export_event(imported)
 

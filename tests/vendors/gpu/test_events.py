@@ -58,7 +58,7 @@ class FakeTorchEvent:
 
 
 def test_event_synchronize_is_bounded() -> None:
-    event = GpuIpcEvent(FakeTorchEvent(None), 1, 0.05, imported=True)  # type: ignore[arg-type]
+    event = GpuIpcEvent(FakeTorchEvent(None), 1, 0.05, imported=True)
     with pytest.raises(EventTimeoutError, match=r"IPC event on device 1 did not complete within 0.05 s"):
         event.synchronize()
     with pytest.raises(EventTimeoutError, match="within 0.01 s"):
@@ -67,7 +67,7 @@ def test_event_synchronize_is_bounded() -> None:
 
 def test_event_forwards_record_wait_query_and_synchronize_returns_when_done() -> None:
     torch_event = FakeTorchEvent(3)
-    event = GpuIpcEvent(torch_event, 0, 5.0, imported=False)  # type: ignore[arg-type]
+    event = GpuIpcEvent(torch_event, 0, 5.0, imported=False)
     event.record("s1")
     event.wait(None)
     event.synchronize()
@@ -78,7 +78,7 @@ def test_event_forwards_record_wait_query_and_synchronize_returns_when_done() ->
 def test_synchronize_refuses_a_bad_timeout_before_querying(bad: object) -> None:
     """``synchronize(float("nan"))`` used to poll for ever (``monotonic() >= nan`` is never true)."""
     torch_event = FakeTorchEvent(None)
-    event = GpuIpcEvent(torch_event, 0, 5.0, imported=True)  # type: ignore[arg-type]
+    event = GpuIpcEvent(torch_event, 0, 5.0, imported=True)
     outcome: list = []
     thread = threading.Thread(target=lambda: outcome.append(_raised(event.synchronize, bad)), daemon=True)
     thread.start()
@@ -100,7 +100,7 @@ def _raised(call: Any, *args: object) -> BaseException | None:
 
 def test_synchronize_none_waits_past_the_default_bound_until_done() -> None:
     torch_event = FakeTorchEvent(200)  # completes at the 201st query
-    event = GpuIpcEvent(torch_event, 0, 1e-6, imported=True)  # type: ignore[arg-type]
+    event = GpuIpcEvent(torch_event, 0, 1e-6, imported=True)
     with pytest.raises(EventTimeoutError):
         event.synchronize()  # the default: the event's own (tiny) bound
     torch_event.queries = 0
@@ -112,7 +112,7 @@ def test_synchronize_none_waits_past_the_default_bound_until_done() -> None:
 def test_timeout_s_is_checked_at_construction_and_when_set(bad: object) -> None:
     with pytest.raises(InvalidArgumentError, match=r"^GPU IPC event timeout_s must be a positive, finite number"):
         GpuIpcEvent(FakeTorchEvent(0), 0, bad, imported=False)  # type: ignore[arg-type]
-    event = GpuIpcEvent(FakeTorchEvent(0), 0, 3, imported=False)  # type: ignore[arg-type]
+    event = GpuIpcEvent(FakeTorchEvent(0), 0, 3, imported=False)
     with pytest.raises(InvalidArgumentError, match=rf"got {bad!r}$"):
         event.timeout_s = bad  # type: ignore[assignment]
     assert event.timeout_s == 3.0

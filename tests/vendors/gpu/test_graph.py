@@ -15,7 +15,7 @@ def test_replay_before_the_capture_ends_is_misuse() -> None:
         def replay(self) -> None:
             Graph.replays += 1
 
-    captured = GpuCapturedGraph(Graph())  # type: ignore[arg-type]
+    captured = GpuCapturedGraph(Graph())
     with pytest.raises(CaptureMisuseError, match="replay\\(\\) called before the capture ended"):
         captured.replay()
     captured.complete = True

@@ -16,6 +16,7 @@ import torch
 from hisparse_hal.errors import InvalidArgumentError, UnsupportedCapabilityError
 from hisparse_hal.host_registration import HostChunk, HostRegistration
 from hisparse_hal.testing.sim_cuda_driver import DEVICE_ALIAS_OFFSET, SimulatedCudaDriver
+from hisparse_hal.testing.sim_device_module import SimulatedDeviceModule
 from hisparse_hal.testing.sim_hip_runtime import SimulatedHipRuntime, simulated_rocm_backend
 from hisparse_hal.vendors.cuda.backend import CudaBackend
 from hisparse_hal.vendors.cuda.runtime import CudaDriver
@@ -25,17 +26,10 @@ from hisparse_hal.vendors.gpu.host_aliases import HostAliasMap
 CPU = torch.device("cpu")
 
 
-class _SimCuda(CudaBackend):
-    def _current_stream_handle(self) -> int:
-        return 0x5A00
-
-    def is_current_stream_capturing(self) -> bool:
-        return False
-
-
-def _sim_cuda(host_pointer_usable: bool = True) -> _SimCuda:
+def _sim_cuda(host_pointer_usable: bool = True) -> CudaBackend:
     driver = CudaDriver(0, SimulatedCudaDriver(12080, host_pointer_usable=host_pointer_usable))
-    return _SimCuda.for_device(0, 12080, "sm_90", runtime=driver, device=CPU)
+    return CudaBackend.for_device(0, 12080, "sm_90", runtime=driver, device=CPU,
+                                  device_module=SimulatedDeviceModule(0x5A00))
 
 
 def _record(*chunks: tuple[int, int, int | None]) -> HostRegistration:

@@ -86,6 +86,16 @@ def test_swap_on_each_rocm_release_takes_the_planned_path_and_moves_every_byte(r
     assert sim.callback_errors == []
 
 
+def test_backend_synchronize_lands_the_queued_copies_through_its_device_module():
+    sim = SimulatedHipRuntime("7.14")  # copies are queued until the simulated device synchronizes
+    backend = simulated_rocm_backend(sim)
+    device, host, order = spill(backend, sim, 8)
+    assert not host.any()  # enqueued, not landed
+    backend.synchronize()
+    assert torch.equal(host[order], device)
+    assert backend.device_module.synchronizations == 1
+
+
 @pytest.mark.parametrize("release", ["7.2.1", "7.2.3"])
 def test_swap_on_rocm_7_2_never_passes_attributes_so_never_gets_801(release):
     sim = SimulatedHipRuntime(release)
@@ -380,25 +390,19 @@ def test_capture_from_rocm_7_2_1_goes_to_the_shared_layer():
 
 # ----------------------------------------------------------------------------------------- IPC events
 @pytest.fixture
-def simulated_events(monkeypatch):
-    """torch.cuda.Event replaced by the SIMULATED ROCm 7.2 IPC ring; torch.cuda.device made a no-op."""
-    ring = SimulatedIpcRing(slots=32)
-    event_class = ring.event_class()
-    monkeypatch.setattr(torch.cuda, "Event", event_class)
-    monkeypatch.setattr(torch.cuda, "device", lambda index: _NullContext())
-    return ring
+def simulated_events():
+    """The SIMULATED ROCm 7.2 IPC ring; :func:`with_events` makes a backend's device module create its events."""
+    return SimulatedIpcRing(slots=32)
 
 
-class _NullContext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+def with_events(backend, ring: SimulatedIpcRing):
+    """``backend`` whose simulated device module makes IPC events on ``ring`` (as torch.cuda.Event would)."""
+    backend.device_module.event_class = ring.event_class()
+    return backend
 
 
 def test_ipc_event_on_rocm_7_2_refuses_the_33rd_record_before_the_ring_breaks(simulated_events):
-    backend = simulated_rocm_backend(SimulatedHipRuntime("7.2.1"))
+    backend = with_events(simulated_rocm_backend(SimulatedHipRuntime("7.2.1")), simulated_events)
     event = backend.create_ipc_event()
     assert isinstance(event, CycleLimitedIpcEvent)
     for _ in range(32):
@@ -412,12 +416,13 @@ def test_ipc_event_on_rocm_7_2_refuses_the_33rd_record_before_the_ring_breaks(si
 
 
 def test_imported_ipc_event_on_rocm_7_2_refuses_the_33rd_wait(simulated_events, monkeypatch):
-    exporter = simulated_rocm_backend(SimulatedHipRuntime("7.2.1"))
+    exporter = with_events(simulated_rocm_backend(SimulatedHipRuntime("7.2.1")), simulated_events)
     with monkeypatch.context() as patch:
         patch.setattr(gpu_events, "_PROCESS_TOKEN", b"\x01" * 16)  # as if exported by another process
         handle = exporter.export_event(exporter.create_ipc_event())
-    importer = simulated_rocm_backend(SimulatedHipRuntime("7.2.1"))
+    importer = with_events(simulated_rocm_backend(SimulatedHipRuntime("7.2.1")), simulated_events)
     event = importer.import_event(torch.device("cuda", 0), handle)
+    assert importer.device_module.scopes[-1] == 0  # the event was opened with its device current
     for _ in range(32):
         event.wait()
     with pytest.raises(UnsupportedCapabilityError, match="IPC event wait 33 refused"):
@@ -433,7 +438,7 @@ def test_the_simulated_ring_does_break_silently_without_the_guard(simulated_even
 
 
 def test_ipc_events_on_rocm_7_14_are_not_limited(simulated_events):
-    backend = simulated_rocm_backend(SimulatedHipRuntime("7.14"))
+    backend = with_events(simulated_rocm_backend(SimulatedHipRuntime("7.14")), simulated_events)
     event = backend.create_ipc_event()
     assert type(event) is GpuIpcEvent
     for _ in range(1000):
@@ -442,7 +447,7 @@ def test_ipc_events_on_rocm_7_14_are_not_limited(simulated_events):
 
 
 def test_a_cycle_limited_event_can_still_be_exported(simulated_events):
-    backend = simulated_rocm_backend(SimulatedHipRuntime("7.2.1"))
+    backend = with_events(simulated_rocm_backend(SimulatedHipRuntime("7.2.1")), simulated_events)
     handle = backend.export_event(backend.create_ipc_event())
     assert isinstance(handle, bytes) and len(handle) > 64
 
@@ -455,7 +460,7 @@ def test_the_hip_binding_satisfies_the_shared_copy_runtime_protocol():
 def test_from_probe_plans_for_the_current_gpu_and_records_probe_versions(monkeypatch):
     sim = SimulatedHipRuntime("7.2.1")
     monkeypatch.setattr(HipRuntime, "load", classmethod(lambda cls, *a, **k: cls(sim)))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
     monkeypatch.setattr(
         torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(gcnArchName="gfx950:sramecc+:xnack-")
     )

@@ -1,6 +1,6 @@
 """The shared conformance suite run against RocmBackend on the SIMULATED HIP runtime, in a subprocess:
 the per-copy loop (ROCm 7.0, gfx942) and the batch call with attributes (ROCm 7.14, gfx950). Capture
-and IPC go through torch.cuda, which the simulation lacks, so those tiers skip by capability."""
+and IPC go through torch's device module, which the simulation does not simulate, so those tiers skip by capability."""
 
 from __future__ import annotations
 
