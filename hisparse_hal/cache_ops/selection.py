@@ -106,10 +106,10 @@ def choose_cache_ops(
     """Pick the cache-ops implementation for tensors on ``device``.
 
     Triton when it imports and ``device`` is a GPU Triton compiles for (a device type whose backend spec sets
-    ``compiles_triton``: :func:`triton_device_types`); ``host`` on the CPU device; torch otherwise (a GPU without triton). ``HISPARSE_HAL_CACHE_OPS=torch`` forces torch;
-    ``=host`` forces host (CPU device only: it reads values back, which would sync a GPU and break its graph
-    capture); ``=triton`` forces Triton, which on a CPU device needs ``TRITON_INTERPRET=1`` (tests and CI run
-    the kernels that way).
+    ``compiles_triton``: :func:`triton_device_types`); ``host`` on the CPU device; torch otherwise (a GPU without
+    triton). ``HISPARSE_HAL_CACHE_OPS=torch`` forces torch; ``=host`` forces host (CPU device only: it reads
+    values back, which would sync a GPU and break its graph capture); ``=triton`` forces Triton, which on a CPU
+    device needs ``TRITON_INTERPRET=1`` (tests and CI run the kernels that way).
 
     Args:
         device: where the ops' tensors live (for a GPU backend, its GPU, even when tests inject another).

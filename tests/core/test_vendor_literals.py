@@ -109,7 +109,8 @@ def test_the_core_has_no_unlisted_vendor_literal():
 
 def test_every_allowed_entry_is_still_there_and_has_a_reason():
     counts = Counter(lit.key for lit in core_literals())
-    stale = {key: (allowed, counts.get(key, 0)) for key, (allowed, _) in ALLOWED.items() if counts.get(key, 0) != allowed}
+    stale = {key: (allowed, counts.get(key, 0)) for key, (allowed, _) in ALLOWED.items()
+             if counts.get(key, 0) != allowed}
     assert not stale, f"allow-list entries whose count changed (shrink or drop them): {stale}"
     assert all(reason.strip() for _, reason in ALLOWED.values())
 

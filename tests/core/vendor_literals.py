@@ -61,7 +61,7 @@ def literals_in_source(source: str, path: str) -> Iterator[Literal]:
     def visit(node: ast.AST, scope: str) -> Iterator[Literal]:
         for child in ast.iter_child_nodes(node):
             text = _literal_text(child)
-            if text is not None:
+            if text is not None and isinstance(child, ast.expr):
                 yield Literal(path, child.lineno, scope, text)
             yield from visit(child, _scope_of(child, scope))
 

@@ -99,7 +99,8 @@ def probe() -> Probe:
 
 
 def torch_build() -> str | None:
-    """``"cuda <version>"`` when torch is a CUDA build (``torch.version.cuda`` set, ``torch.version.hip`` not), else None."""
+    """``"cuda <version>"`` when torch is a CUDA build (``torch.version.cuda`` set, ``torch.version.hip`` not),
+    else None."""
     if getattr(torch.version, "hip", None) or not getattr(torch.version, "cuda", None):
         return None
     return f"cuda {torch.version.cuda}"
