@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tests.core.vendor_literals import Literal, core_literals, literals_in_source
+from tests.core.vendor_literals import Literal, core_literals, core_modules, literals_in_source
 
 _VLLM_KINDS = ("vLLM's vocabulary: its platform kinds read through Platform.is_rocm/is_cuda/is_cpu "
                "(vllm/platforms/interface.py:196-226, PlatformEnum :71-78)")
@@ -24,50 +24,50 @@ _VLLM_GRAPH = ("vLLM's vocabulary: vLLM 0.34.0 captures through torch.cuda.graph
 _REPORT = ("a public report field (results.json environment.torch_cuda/torch_hip and the header line): the torch "
            "build as torch.version spells it; renaming it changes the report")
 
-#: ``(file, enclosing function or assigned name, literal) -> (how many, why)``.
+#: ``(module, enclosing function or assigned name, literal) -> (how many, why)``.
 ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
-    ("hisparse_hal/integrations/vllm.py", "Kind", "'cuda'"): (1, _VLLM_KINDS),
-    ("hisparse_hal/integrations/vllm.py", "Kind", "'rocm'"): (1, _VLLM_KINDS),
-    ("hisparse_hal/integrations/vllm.py", "_platform_kind", "'cuda'"): (1, _VLLM_KINDS),
-    ("hisparse_hal/integrations/vllm.py", "_platform_kind", "'rocm'"): (1, _VLLM_KINDS),
-    ("hisparse_hal/integrations/vllm.py", "blockers", "'rocm'"): (1, _VLLM_KINDS),
-    ("hisparse_hal/integrations/vllm.py", "register", "'rocm'"): (1, _VLLM_KINDS),
-    ("hisparse_hal/integrations/vllm.py", "decide", "'rocm'"): (
+    ("hisparse_hal.integrations.vllm", "Kind", "'cuda'"): (1, _VLLM_KINDS),
+    ("hisparse_hal.integrations.vllm", "Kind", "'rocm'"): (1, _VLLM_KINDS),
+    ("hisparse_hal.integrations.vllm", "_platform_kind", "'cuda'"): (1, _VLLM_KINDS),
+    ("hisparse_hal.integrations.vllm", "_platform_kind", "'rocm'"): (1, _VLLM_KINDS),
+    ("hisparse_hal.integrations.vllm", "blockers", "'rocm'"): (1, _VLLM_KINDS),
+    ("hisparse_hal.integrations.vllm", "register", "'rocm'"): (1, _VLLM_KINDS),
+    ("hisparse_hal.integrations.vllm", "decide", "'rocm'"): (
         3, f"two are {_VLLM_KINDS}; one is our backend of the same name, the one vLLM's ROCm platform gets when its "
            "attention routes through HiSparse (the ROCm route itself is vLLM's: vllm/platforms/rocm.py:543-544)"),
-    ("hisparse_hal/integrations/vllm.py", "_ADAPTER_CLASSES", "'cuda'"): (1, _ADAPTERS),
-    ("hisparse_hal/integrations/vllm.py", "_ADAPTER_CLASSES", "'rocm'"): (1, _ADAPTERS),
-    ("hisparse_hal/integrations/vllm_backend.py", "ADAPTERS", "'cuda'"): (1, _ADAPTERS),
-    ("hisparse_hal/integrations/vllm_backend.py", "ADAPTERS", "'rocm'"): (1, _ADAPTERS),
-    ("hisparse_hal/integrations/vllm_backend.py", "CudaHiSparseBackend", "'cuda'"): (1, _ADAPTERS),
-    ("hisparse_hal/integrations/vllm_backend.py", "RocmHiSparseBackend", "'rocm'"): (1, _ADAPTERS),
-    ("hisparse_hal/kernels/report.py", "TARGETS", "'cuda'"): (2, _TRITON),
-    ("hisparse_hal/kernels/report.py", "TARGETS", "'hip'"): (2, _TRITON),
-    ("hisparse_hal/kernels/report.py", "compile_case", "'cuda'"): (
+    ("hisparse_hal.integrations.vllm", "_ADAPTER_CLASSES", "'cuda'"): (1, _ADAPTERS),
+    ("hisparse_hal.integrations.vllm", "_ADAPTER_CLASSES", "'rocm'"): (1, _ADAPTERS),
+    ("hisparse_hal.integrations.vllm_backend", "ADAPTERS", "'cuda'"): (1, _ADAPTERS),
+    ("hisparse_hal.integrations.vllm_backend", "ADAPTERS", "'rocm'"): (1, _ADAPTERS),
+    ("hisparse_hal.integrations.vllm_backend", "CudaHiSparseBackend", "'cuda'"): (1, _ADAPTERS),
+    ("hisparse_hal.integrations.vllm_backend", "RocmHiSparseBackend", "'rocm'"): (1, _ADAPTERS),
+    ("hisparse_hal.kernels.report", "TARGETS", "'cuda'"): (2, _TRITON),
+    ("hisparse_hal.kernels.report", "TARGETS", "'hip'"): (2, _TRITON),
+    ("hisparse_hal.kernels.report", "compile_case", "'cuda'"): (
         1, f"{_TRITON}; a 'cuda' target's compile log is ptxas's, a 'hip' one's is amdgcn"),
-    ("hisparse_hal/kernels/device_check.py", "device_target", "'cuda'"): (1, _TRITON),
-    ("hisparse_hal/conformance/vllm_contract.py", "VllmContractView.capture", "torch.cuda"): (6, _VLLM_GRAPH),
-    ("hisparse_hal/conformance/vllm_contract.py", "graph_capture_available", "'cuda'"): (1, _VLLM_GRAPH),
-    ("hisparse_hal/conformance/vllm_contract.py", "graph_capture_available", "torch.cuda"): (1, _VLLM_GRAPH),
-    ("hisparse_hal/conformance/plugin.py", "environment_facts", "'cuda'"): (1, _REPORT),
-    ("hisparse_hal/conformance/plugin.py", "environment_facts", "'hip'"): (1, _REPORT),
-    ("hisparse_hal/conformance/plugin.py", "pytest_report_header", "'hip'"): (1, _REPORT),
-    ("hisparse_hal/conformance/plugin.py", "pytest_report_header", "torch.version.cuda"): (1, _REPORT),
-    ("hisparse_hal/conformance/plugin.py", "_device_identity", "torch.cuda"): (
+    ("hisparse_hal.kernels.device_check", "device_target", "'cuda'"): (1, _TRITON),
+    ("hisparse_hal.conformance.vllm_contract", "VllmContractView.capture", "torch.cuda"): (6, _VLLM_GRAPH),
+    ("hisparse_hal.conformance.vllm_contract", "graph_capture_available", "'cuda'"): (1, _VLLM_GRAPH),
+    ("hisparse_hal.conformance.vllm_contract", "graph_capture_available", "torch.cuda"): (1, _VLLM_GRAPH),
+    ("hisparse_hal.conformance.plugin", "environment_facts", "'cuda'"): (1, _REPORT),
+    ("hisparse_hal.conformance.plugin", "environment_facts", "'hip'"): (1, _REPORT),
+    ("hisparse_hal.conformance.plugin", "pytest_report_header", "'hip'"): (1, _REPORT),
+    ("hisparse_hal.conformance.plugin", "pytest_report_header", "torch.version.cuda"): (1, _REPORT),
+    ("hisparse_hal.conformance.plugin", "_device_identity", "torch.cuda"): (
         1, "the report's device name when the probe facts lack one (torch.cuda.get_device_name); left for the GPU "
            "seam (torch.get_device_module), outside this change"),
     # bench/ is changed by the seam branch at the same time: the lead prunes these after merging it.
-    ("hisparse_hal/bench/cache_ops.py", "_bench_step", "'cuda'"): (1, _SEAM),
-    ("hisparse_hal/bench/cache_ops.py", "_peak_extra_bytes", "'cuda'"): (1, _SEAM),
-    ("hisparse_hal/bench/cache_ops.py", "_peak_extra_bytes", "torch.cuda"): (5, _SEAM),
-    ("hisparse_hal/bench/cache_ops.py", "run", "'cuda'"): (1, _SEAM),
-    ("hisparse_hal/bench/submission.py", "bench_submission", "'cuda'"): (1, _SEAM),
-    ("hisparse_hal/bench/swaps.py", "side_stream", "'cuda'"): (1, _SEAM),
-    ("hisparse_hal/bench/swaps.py", "side_stream", "torch.cuda"): (2, _SEAM),
-    ("hisparse_hal/bench/timing.py", "sync", "'cuda'"): (1, _SEAM),
-    ("hisparse_hal/bench/timing.py", "sync", "torch.cuda"): (1, _SEAM),
-    ("hisparse_hal/bench/vllm_extension.py", "build", "torch.cuda"): (2, _SEAM),
-    ("hisparse_hal/bench/vllm_extension.py", "build", "torch.version.cuda"): (3, _SEAM),
+    ("hisparse_hal.bench.cache_ops", "_bench_step", "'cuda'"): (1, _SEAM),
+    ("hisparse_hal.bench.cache_ops", "_peak_extra_bytes", "'cuda'"): (1, _SEAM),
+    ("hisparse_hal.bench.cache_ops", "_peak_extra_bytes", "torch.cuda"): (5, _SEAM),
+    ("hisparse_hal.bench.cache_ops", "run", "'cuda'"): (1, _SEAM),
+    ("hisparse_hal.bench.submission", "bench_submission", "'cuda'"): (1, _SEAM),
+    ("hisparse_hal.bench.swaps", "side_stream", "'cuda'"): (1, _SEAM),
+    ("hisparse_hal.bench.swaps", "side_stream", "torch.cuda"): (2, _SEAM),
+    ("hisparse_hal.bench.timing", "sync", "'cuda'"): (1, _SEAM),
+    ("hisparse_hal.bench.timing", "sync", "torch.cuda"): (1, _SEAM),
+    ("hisparse_hal.bench.vllm_extension", "build", "torch.cuda"): (2, _SEAM),
+    ("hisparse_hal.bench.vllm_extension", "build", "torch.version.cuda"): (3, _SEAM),
 }
 
 
@@ -94,9 +94,10 @@ def test_the_walk_finds_constants_attributes_and_their_scope():
 
 
 def test_a_new_literal_fails_naming_its_file_and_line():
-    found = list(literals_in_source("def f(d):\n    return d.type == 'cuda'\n", "hisparse_hal/new.py"))
+    found = list(literals_in_source("def f(d):\n    return d.type == 'cuda'\n", "hisparse_hal/new.py",
+                                    "hisparse_hal.new"))
     assert unlisted(found, {}) == ["hisparse_hal/new.py:2: 'cuda' (in f)"]
-    assert unlisted(found, {("hisparse_hal/new.py", "f", "'cuda'"): (1, "why")}) == []
+    assert unlisted(found, {("hisparse_hal.new", "f", "'cuda'"): (1, "why")}) == []
     twice = list(literals_in_source("def f(d):\n    return d == 'rocm' or d == 'rocm'\n", "x.py"))
     assert unlisted(twice, {("x.py", "f", "'rocm'"): (1, "why")}) == ["x.py:2: 'rocm' (in f)"] * 2
 
@@ -117,8 +118,8 @@ def test_every_allowed_entry_is_still_there_and_has_a_reason():
 
 def test_the_sites_that_asked_for_a_vendor_now_ask_the_spec():
     # probing, cache_ops selection/triton_impl/library, cli, environment_check and shm_sweep held "cuda"/"hip" tests.
-    paths = {lit.path for lit in core_literals()}
-    for path in ("hisparse_hal/probing.py", "hisparse_hal/cli.py", "hisparse_hal/environment_check.py",
-                 "hisparse_hal/shm_sweep.py", "hisparse_hal/cache_ops/selection.py",
-                 "hisparse_hal/cache_ops/triton_impl.py", "hisparse_hal/cache_ops/library.py"):
-        assert path not in paths
+    modules = {lit.module for lit in core_literals()}
+    for module in ("probing", "cli", "environment_check", "shm_sweep", "cache_ops.selection", "cache_ops.triton_impl",
+                   "cache_ops.library"):
+        assert f"hisparse_hal.{module}" not in modules
+    assert "hisparse_hal.cli" in core_modules() and "hisparse_hal.vendors.cuda.spec" not in core_modules()

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import os
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import hisparse_hal
-
-PACKAGE_ROOT = Path(hisparse_hal.__file__).resolve().parent
-#: Folders of the package where vendor names belong: the vendors, and the test doubles that simulate them.
-VENDOR_FOLDERS = ("vendors", "testing")
+#: The package and its two mapped subpackages (each its own folder in a checkout, inside the first in a wheel).
+PACKAGES = ("hisparse_hal", "hisparse_hal.vendors", "hisparse_hal.conformance")
+#: Subpackages where vendor names belong: the vendors, and the test doubles that simulate them.
+VENDOR_PACKAGES = ("hisparse_hal.vendors", "hisparse_hal.testing")
 #: A string constant equal to one of these (any case) names a vendor or its device type.
 VENDOR_NAMES = frozenset({"cuda", "hip", "rocm", "nvidia", "amd", "xpu", "mps", "intel"})
 #: Attribute chains that reach one vendor's torch API.
@@ -22,8 +21,9 @@ VENDOR_ATTRIBUTES = frozenset({"torch.cuda", "torch.version.cuda", "torch.versio
 
 @dataclasses.dataclass(frozen=True)
 class Literal:
-    """One vendor-name literal: where it is (file relative to the checkout, line, enclosing function) and what."""
+    """One vendor-name literal: its module (import name), file and line, enclosing function, and text."""
 
+    module: str
     path: str
     line: int
     scope: str
@@ -31,8 +31,9 @@ class Literal:
 
     @property
     def key(self) -> tuple[str, str, str]:
-        """What the allow-list names (no line number, so an edit above it does not move it)."""
-        return (self.path, self.scope, self.text)
+        """What the allow-list names: module, scope, text (no line or path, so neither an edit above it nor the
+        package layout moves it)."""
+        return (self.module, self.scope, self.text)
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -55,14 +56,14 @@ def _literal_text(node: ast.AST) -> str | None:
     return None
 
 
-def literals_in_source(source: str, path: str) -> Iterator[Literal]:
+def literals_in_source(source: str, path: str, module: str = "") -> Iterator[Literal]:
     """The vendor-name literals of one module's source, each with its enclosing function or class (``<module>``)."""
 
     def visit(node: ast.AST, scope: str) -> Iterator[Literal]:
         for child in ast.iter_child_nodes(node):
             text = _literal_text(child)
             if text is not None and isinstance(child, ast.expr):
-                yield Literal(path, child.lineno, scope, text)
+                yield Literal(module or path, path, child.lineno, scope, text)
             yield from visit(child, _scope_of(child, scope))
 
     yield from visit(ast.parse(source), "<module>")
@@ -80,16 +81,31 @@ def _scope_of(node: ast.AST, scope: str) -> str:
     return scope
 
 
-def core_literals(root: Path = PACKAGE_ROOT) -> list[Literal]:
-    """Every vendor-name literal of the package outside :data:`VENDOR_FOLDERS`, through its linked folders."""
+def package_modules() -> dict[str, Path]:
+    """Every module of :data:`PACKAGES` by import name, each once, from the folders the imported packages come from."""
+    found: dict[str, Path] = {}
+    for name in PACKAGES:
+        package = importlib.import_module(name)
+        root = Path(str(package.__file__)).resolve().parent
+        for path in sorted(root.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            parts = [name, *path.relative_to(root).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found.setdefault(".".join(parts), path)
+    return found
+
+
+def core_modules() -> dict[str, Path]:
+    """The modules of the package outside :data:`VENDOR_PACKAGES` (the core, its rooms and the suite)."""
+    return {module: path for module, path in package_modules().items()
+            if not any(module == p or module.startswith(p + ".") for p in VENDOR_PACKAGES)}
+
+
+def core_literals() -> list[Literal]:
+    """Every vendor-name literal of :func:`core_modules`."""
     found: list[Literal] = []
-    for folder, _, files in os.walk(root, followlinks=True):
-        relative = Path(folder).relative_to(root)
-        if relative.parts[:1] and relative.parts[0] in VENDOR_FOLDERS or "__pycache__" in relative.parts:
-            continue
-        for name in sorted(files):
-            if name.endswith(".py"):
-                path = Path(folder, name)
-                shown = (Path(root.name) / path.relative_to(root)).as_posix()
-                found += literals_in_source(path.read_text(encoding="utf-8"), shown)
-    return sorted(found, key=lambda lit: (lit.path, lit.line, lit.text))
+    for module, path in sorted(core_modules().items()):
+        found += literals_in_source(path.read_text(encoding="utf-8"), str(path), module)
+    return sorted(found, key=lambda lit: (lit.module, lit.line, lit.text))
