@@ -87,12 +87,14 @@ def _info_status(chosen: str | None, requested: str | None) -> int:
 
 
 def _cache_ops_choice(chosen: str | None, results: Sequence[object]) -> dict[str, str] | None:
-    """The cache-ops implementation the chosen backend's device would run, and why (None without a backend)."""
+    """The cache-ops implementation the chosen backend's device would run (its spec's ``device_type``), and why
+    (None without a backend)."""
     if chosen is None:
         return None
     from .cache_ops.selection import implementation_for
 
-    choice = implementation_for("cpu" if chosen == "cpu" else "cuda")
+    spec = next((getattr(r, "spec", None) for r in results if getattr(r, "name", None) == chosen), None)
+    choice = implementation_for(spec.device_type if spec is not None else "cpu")
     return {"implementation": choice.implementation, "reason": choice.reason}
 
 

@@ -11,15 +11,15 @@ from collections.abc import Callable, Mapping
 
 from .errors import InvalidArgumentError
 
-__all__ = ["KNOWN_VARIABLES", "check_environment", "unknown_variables"]
+__all__ = ["KNOWN_VARIABLES", "check_environment", "known_variables", "unknown_variables"]
 
-#: Every variable the package (or its test suite) reads, and what it sets.
+#: Every variable the core (or its test suite) reads, and what it sets; each backend spec adds its own
+#: (``BackendSpec.environment``, see :func:`known_variables`).
 KNOWN_VARIABLES: dict[str, str] = {
     "HISPARSE_HAL_BACKEND": "the backend get_backend() returns (a registered name)",
     "HISPARSE_HAL_CACHE_OPS": "the cache-ops implementation: triton, torch or host",
     "HISPARSE_HAL_EVENT_TIMEOUT_S": "the bound of IPC event waits, in seconds",
     "HISPARSE_HAL_PIN_CHUNK_BYTES": "the largest single host registration, in bytes",
-    "HISPARSE_HAL_CUDA_MAX_BATCH": "descriptors per CUDA batch call",
     "HISPARSE_HAL_VLLM_BACKEND": "the hisparse-hal backend vLLM 0.34.0 must use: auto, cpu, cuda or rocm",
     "HISPARSE_HAL_VLLM_ROCM_ATTENTION_ROUTES_HISPARSE": "1: the ROCm sparse-MLA attention routes through HiSparse",
     "HISPARSE_HAL_DEBUG": "1 shows the traceback of a command's error",
@@ -50,10 +50,13 @@ def _pin_chunk(environ: Mapping[str, str]) -> None:
     default_chunk_bytes(environ)
 
 
-def _cuda_batch(environ: Mapping[str, str]) -> None:
-    from .vendors.cuda.capabilities import batch_cap_from_env
+def _backend_variables(environ: Mapping[str, str]) -> None:
+    """Each registered backend's own variables, checked by its spec (``BackendSpec.check_environment``)."""
+    from .probing import registered_specs
 
-    batch_cap_from_env(environ)
+    for spec in registered_specs():
+        if spec.check_environment is not None:
+            spec.check_environment(environ)
 
 
 def _vllm_backend(environ: Mapping[str, str]) -> None:
@@ -72,7 +75,7 @@ def _switch(name: str) -> Callable[[Mapping[str, str]], None]:
 
 
 _CHECKS: tuple[Callable[[Mapping[str, str]], None], ...] = (
-    _cache_ops, _event_timeout, _pin_chunk, _cuda_batch,
+    _cache_ops, _event_timeout, _pin_chunk, _backend_variables,
     _vllm_backend, _switch("HISPARSE_HAL_DEBUG"),
 )
 
@@ -90,7 +93,19 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
         check(env)
 
 
+def known_variables() -> dict[str, str]:
+    """Every variable the package reads: :data:`KNOWN_VARIABLES` and each registered backend's
+    ``BackendSpec.environment``, name -> what it sets."""
+    from .probing import registered_specs
+
+    known = dict(KNOWN_VARIABLES)
+    for spec in registered_specs():
+        known.update(spec.environment)
+    return known
+
+
 def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
     """``HISPARSE_HAL_*`` variables that are set but that nothing reads (a typo, most likely)."""
     env = os.environ if environ is None else environ
-    return sorted(name for name in env if name.startswith("HISPARSE_HAL_") and name not in KNOWN_VARIABLES)
+    known = known_variables()
+    return sorted(name for name in env if name.startswith("HISPARSE_HAL_") and name not in known)

@@ -28,6 +28,8 @@ __all__ = [
     "probe_backends",
     "torch_gpu_build",
     "check_registered_backend",
+    "registered_specs",
+    "device_types",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,18 @@ class BackendSpec:
         probe: returns a :class:`Probe`; must not create a device context.
         backend_class: ``"module:Class"``, imported only when the backend is chosen.
         fallback_only: chosen automatically only when torch has no GPU build (the CPU device).
+        device_type: the torch device type its tensors live on (``torch.device(device_type)``); the core
+            asks it, never a vendor name, which device a backend's cache ops and ``hisparse-hal info`` use.
+        torch_build: ``"<name> <version>"`` when the running torch is this vendor's build, else None; read
+            from ``torch.version`` only (no device context). Selection refuses a silent CPU fallback on such a build.
+        compiles_triton: Triton compiles the cache-op kernels for tensors of ``device_type`` (a GPU), so the
+            cache ops choose Triton there when it imports.
+        environment: the ``HISPARSE_HAL_*`` variables the vendor reads, ``(name, what it sets)`` pairs, so
+            ``environment_check`` knows them.
+        check_environment: checks those variables' values (raises ``InvalidArgumentError`` naming the
+            variable); None when there is nothing to check.
+        sweep_shared_files: removes the shared-memory files of this vendor's exited processes and returns
+            their paths (``hisparse-hal`` runs it after an interrupt); None when it leaves none.
     """
 
     name: str
@@ -61,6 +75,12 @@ class BackendSpec:
     probe: Callable[[], Probe]
     backend_class: str
     fallback_only: bool = False
+    device_type: str = "cpu"
+    torch_build: Callable[[], str | None] = dataclasses.field(default=lambda: None, compare=False)
+    compiles_triton: bool = False
+    environment: tuple[tuple[str, str], ...] = ()
+    check_environment: Callable[[Mapping[str, str]], None] | None = dataclasses.field(default=None, compare=False)
+    sweep_shared_files: Callable[[], list[str]] | None = dataclasses.field(default=None, compare=False)
 
     def load_class(self) -> type[Any]:
         """Import and return the backend class (checked to be a backend by the registry)."""
@@ -93,14 +113,31 @@ class ProbeResult:
 
 
 def torch_gpu_build() -> str | None:
-    """``"cuda <ver>"`` or ``"hip <ver>"`` when torch is a GPU build, else None. Touches no device."""
-    import torch
-
-    if getattr(torch.version, "hip", None):
-        return f"hip {torch.version.hip}"
-    if getattr(torch.version, "cuda", None):
-        return f"cuda {torch.version.cuda}"
+    """The running torch's vendor build as the registered spec that owns it names it (``"<name> <version>"``,
+    e.g. CUDA's or ROCm's), else None (a CPU build). Asks each spec's ``torch_build``; touches no device."""
+    for spec in registered_specs():
+        build = spec.torch_build()
+        if build:
+            return build
     return None
+
+
+def registered_specs() -> list[BackendSpec]:
+    """Every spec of ``hisparse_hal.backends`` that loads (sorted by name); entry points that fail are left out
+    here (:func:`discover_specs` reports them)."""
+    return [spec for spec in discover_specs() if isinstance(spec, BackendSpec)]
+
+
+def device_types(*, compiles_triton: bool = False) -> frozenset[str]:
+    """The torch device types the registered backends run on (only those Triton compiles for, when asked).
+
+    Args:
+        compiles_triton: keep only the specs whose ``compiles_triton`` is set.
+
+    Returns:
+        A set of ``torch.device`` type names.
+    """
+    return frozenset(spec.device_type for spec in registered_specs() if spec.compiles_triton or not compiles_triton)
 
 
 def discover_specs() -> list[BackendSpec | ProbeResult]:

@@ -2,7 +2,7 @@
 (:data:`.signatures.DEFAULT_VLLM`).
 
 Invariant: each op is defined once per process (importing again is a no-op); a call runs the implementation
-``selection.implementation_for`` chose for its tensors' device (``host_impl`` on CPU, Triton or torch on CUDA/HIP),
+``selection.implementation_for`` chose for its tensors' device (``host_impl`` on CPU, Triton or torch on a GPU),
 the same memoised choice a backend's ``capabilities.cache_ops`` reads; the fake kernels write nothing, so
 fake-tensor tracing and ``torch.compile`` see only the mutations the schemas declare.
 """
@@ -18,7 +18,7 @@ import torch
 from . import selection
 from .signatures import DEFAULT_VLLM, OP_NAMES, REGISTRY
 
-__all__ = ["NAMESPACE", "OP_NAMES", "SCHEMAS", "VLLM_OP_NAMES", "register"]
+__all__ = ["NAMESPACE", "OP_NAMES", "SCHEMAS", "VLLM_OP_NAMES", "kernel_device_types", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,27 @@ def _fake_kernel(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+def kernel_device_types() -> list[str]:
+    """The device types the ops get a kernel for: ``cpu`` and this torch build's accelerator.
+
+    The accelerator is ``torch.accelerator.current_accelerator()`` (torch 2.6; compile-time, no device context,
+    does not poison fork): ``cuda`` on CUDA and ROCm builds, whatever type another vendor's build has. A torch
+    without ``torch.accelerator`` gets every registered backend spec's ``device_type`` instead.
+
+    Returns:
+        The device types, ``cpu`` first.
+    """
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        current = accelerator.current_accelerator()
+        found = [] if current is None else [current.type]
+    else:
+        from hisparse_hal.probing import device_types
+
+        found = sorted(device_types())
+    return ["cpu", *(kind for kind in found if kind != "cpu")]
+
+
 def _defined(name: str) -> bool:
     return hasattr(getattr(torch.ops, NAMESPACE), name)
 
@@ -72,8 +93,7 @@ def register() -> None:
     register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract  # torch < 2.4
     for name, arguments in SCHEMAS.items():
         library.define(name + arguments)
-        library.impl(name, _device_kernel(name), "CPU")
-        library.impl(name, _device_kernel(name), "CUDA")  # HIP builds of torch dispatch through CUDA too
+        torch.library.impl(f"{NAMESPACE}::{name}", kernel_device_types(), _device_kernel(name), lib=library)
         register_fake(f"{NAMESPACE}::{name}", _fake_kernel, lib=library)
     _library = library
 

@@ -34,6 +34,7 @@ __all__ = [
     "implementation_module",
     "probe_triton",
     "reset_implementation_choice",
+    "triton_device_types",
     "with_cache_ops",
 ]
 
@@ -81,6 +82,21 @@ def probe_triton(environ: Mapping[str, str] | None = None) -> TritonFacts:
     return TritonFacts(str(getattr(triton, "__version__", "unknown")), None, interpreter)
 
 
+_triton_types: frozenset[str] | None = None
+
+
+def triton_device_types() -> frozenset[str]:
+    """The torch device types Triton compiles the cache-op kernels for: those of the registered backend specs
+    whose ``compiles_triton`` is set (read once per process; :func:`reset_implementation_choice` reads them again).
+    """
+    global _triton_types
+    if _triton_types is None:
+        from hisparse_hal.probing import device_types
+
+        _triton_types = device_types(compiles_triton=True)
+    return _triton_types
+
+
 def choose_cache_ops(
     device: torch.device | str,
     facts: TritonFacts | None = None,
@@ -89,11 +105,11 @@ def choose_cache_ops(
 ) -> tuple[Implementation, str]:
     """Pick the cache-ops implementation for tensors on ``device``.
 
-    Triton when it imports and ``device`` is a GPU (``cuda``, which torch's HIP build also reports); ``host``
-    on the CPU device; torch otherwise (a GPU without triton). ``HISPARSE_HAL_CACHE_OPS=torch`` forces torch;
-    ``=host`` forces host (CPU device only: it reads values back, which would sync a GPU and break its graph
-    capture); ``=triton`` forces Triton, which on a CPU device needs ``TRITON_INTERPRET=1`` (tests and CI run
-    the kernels that way).
+    Triton when it imports and ``device`` is a GPU Triton compiles for (a device type whose backend spec sets
+    ``compiles_triton``: :func:`triton_device_types`); ``host`` on the CPU device; torch otherwise (a GPU without
+    triton). ``HISPARSE_HAL_CACHE_OPS=torch`` forces torch; ``=host`` forces host (CPU device only: it reads
+    values back, which would sync a GPU and break its graph capture); ``=triton`` forces Triton, which on a CPU
+    device needs ``TRITON_INTERPRET=1`` (tests and CI run the kernels that way).
 
     Args:
         device: where the ops' tensors live (for a GPU backend, its GPU, even when tests inject another).
@@ -118,7 +134,7 @@ def choose_cache_ops(
         )
     if forced == "torch":
         return "torch", f"{CACHE_OPS_ENV}=torch"
-    is_gpu = target.type == "cuda"
+    is_gpu = target.type in triton_device_types()
     if forced == "host":
         if target.type != "cpu":
             raise UnsupportedCapabilityError(
@@ -222,8 +238,10 @@ def reset_implementation_choice() -> None:
 
     The next op call and the next backend built choose afresh; backends already built keep theirs.
     """
+    global _triton_types
     with _choices_lock:
         _choices.clear()
+        _triton_types = None
 
 
 def implementation_entries(name: str) -> Any:

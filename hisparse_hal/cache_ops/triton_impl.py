@@ -23,7 +23,7 @@ import torch
 
 from hisparse_hal.errors import UnionOverflowError, UnknownTableError, UnsupportedCapabilityError
 
-from . import device_checks, tables
+from . import device_checks, selection, tables
 from .arguments import GatherInputs, InvalidateInputs, ResolveInputs
 from .signatures import VllmOps, vllm_ops
 
@@ -95,7 +95,7 @@ def kernels(device: torch.device | None = None) -> types.ModuleType:
             and the kernels were not defined for triton's interpreter.
     """
     module = _kernel_module()
-    if device is not None and device.type != "cuda" and not module.INTERPRETED:
+    if device is not None and device.type not in selection.triton_device_types() and not module.INTERPRETED:
         raise UnsupportedCapabilityError(
             f"the Triton cache ops got tensors on {device}; triton runs CPU tensors only through its "
             "interpreter, which must be on (TRITON_INTERPRET=1) before the first cache-op call"

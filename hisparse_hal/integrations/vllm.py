@@ -48,6 +48,8 @@ ENTRY_POINT = "hisparse_hal.integrations.vllm:register"
 VLLM_VERSION = "0.34.0"
 _GROUP = "vllm.general_plugins"
 _ADAPTER_MODULE = "hisparse_hal.integrations.vllm_backend"
+# Our names: the adapter class vLLM builds for each built-in backend (public qualnames, vllm_backend.ADAPTERS). A
+# backend registered by another distribution is reached through "auto" and HISPARSE_HAL_BACKEND=<its name>.
 _ADAPTER_CLASSES = {"auto": "AutoHiSparseBackend", "cpu": "CpuHiSparseBackend", "cuda": "CudaHiSparseBackend",
                     "rocm": "RocmHiSparseBackend"}
 #: The module vLLM selects for sparse MLA on ROCm (vllm/platforms/rocm.py:543-544).
@@ -72,6 +74,8 @@ _METHOD = "get_hisparse_backend_cls"
 _decided: dict[tuple[str | None, bool, type], tuple[PluginStatus, object]] = {}
 
 State = Literal["selected", "refused", "vllm-backend", "vllm-refuses", "no-vllm", "unsupported-vllm", "error"]
+# vLLM's vocabulary, not a backend name: its platform kinds, read through Platform.is_rocm/is_cuda/is_cpu/
+# is_unspecified (vllm/platforms/interface.py:196-226, PlatformEnum at :71-78).
 Kind = Literal["cuda", "rocm", "cpu", "none", "other"]
 
 
@@ -320,7 +324,7 @@ def decide(
     if requested is None and kind != "rocm":
         return Decision("vllm-refuses", f"{platform} has no sparse-attention path through HiSparse and "
                         f"{BACKEND_ENV} is unset, so vLLM's own refusal stays")
-    name = requested or "rocm"
+    name = requested or "rocm"  # vLLM's ROCm platform that routes: our backend of the same name (see _ADAPTER_CLASSES)
     why = f"{BACKEND_ENV}={requested}" if requested else f"{platform}: {how}"
     why_not = unbuildable(name)
     if why_not is not None:

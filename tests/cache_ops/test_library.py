@@ -363,3 +363,16 @@ def test_ops_through_the_dispatcher_equal_the_oracle_over_generated_sequences(sh
     for seed in range(start, start + SEEDS_PER_SHAPE):
         sequence = build_sequence(seed, shape)
         assert run_sequence(_DispatcherOps(), sequence) == run_sequence(oracle, sequence), f"seed {seed}, {shape}"
+
+
+@pytest.mark.parametrize(("accelerator", "expected"),
+                         [(None, ["cpu"]), ("cuda", ["cpu", "cuda"]), ("xpu", ["cpu", "xpu"])])
+def test_kernels_are_registered_for_cpu_and_the_builds_accelerator(monkeypatch, accelerator, expected):
+    fake = SimpleNamespace(current_accelerator=lambda: None if accelerator is None else torch.device(accelerator))
+    monkeypatch.setattr(torch, "accelerator", fake)
+    assert library.kernel_device_types() == expected
+
+
+def test_a_torch_without_torch_accelerator_gets_every_specs_device_type(monkeypatch):
+    monkeypatch.delattr(torch, "accelerator")  # torch < 2.6
+    assert library.kernel_device_types() == ["cpu", "cuda"]  # the built-in specs: cpu, cuda (CUDA and ROCm)

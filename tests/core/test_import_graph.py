@@ -114,3 +114,40 @@ def test_cycle_finder_reports_a_planted_circle():
 
 def test_package_has_no_import_circles():
     assert find_cycles(import_graph()) == []
+
+
+#: Where a vendor may be imported: the vendors themselves and the shipped test doubles (simulators, broken backends).
+VENDOR_PACKAGE = "hisparse_hal.vendors"
+MAY_IMPORT_VENDORS = (VENDOR_PACKAGE, "hisparse_hal.testing")
+
+
+def vendor_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> vendor module`` for every module outside :data:`MAY_IMPORT_VENDORS` that imports a vendor."""
+    def inside(module: str, packages: tuple[str, ...]) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in packages)
+
+    return sorted(f"{importer} -> {target}" for importer, targets in graph.items()
+                  if not inside(importer, MAY_IMPORT_VENDORS)
+                  for target in targets if inside(target, (VENDOR_PACKAGE,)))
+
+
+def test_vendor_import_finder_reports_a_planted_import():
+    graph = {"hisparse_hal.cli": {"hisparse_hal.vendors.cpu.backend", "hisparse_hal.errors"},
+             "hisparse_hal.testing.sim": {"hisparse_hal.vendors.cuda.runtime"},
+             "hisparse_hal.vendors.cuda.spec": {"hisparse_hal.vendors.cuda.nvml"}}
+    assert vendor_imports(graph) == ["hisparse_hal.cli -> hisparse_hal.vendors.cpu.backend"]
+
+
+#: Vendor imports in bench/ that the `seam` branch of issue 32 item 2 removes (pending seam branch: the lead prunes
+#: this set after merging it). Nothing may be added here.
+PENDING_SEAM = {
+    "hisparse_hal.bench.pinning -> hisparse_hal.vendors.cpu.backend",
+    "hisparse_hal.bench.submission -> hisparse_hal.vendors.cuda.backend",
+    "hisparse_hal.bench.submission -> hisparse_hal.vendors.cuda.runtime",
+}
+
+
+def test_no_core_module_imports_a_vendor():
+    # The core asks the registry's specs (entry points), never a vendor module: bench/ and scenario/ included.
+    found = vendor_imports(import_graph())
+    assert [edge for edge in found if edge not in PENDING_SEAM] == []

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hisparse_hal
-from hisparse_hal import registry
+from hisparse_hal import probing, registry
 from hisparse_hal.errors import BackendUnavailableError
 from tests.core.fake_plugin import install_plugin
 
@@ -53,3 +53,22 @@ def test_check_available_raises_for_unavailable_registered_backend(plugin, monke
     monkeypatch.setenv("FAKE_HAL_MODE", "gone")
     with pytest.raises(BackendUnavailableError, match="backend 'fake' is unavailable: fake accelerator mode gone"):
         backend.check_available()
+
+
+@pytest.mark.parametrize(("cuda", "hip", "build"), [
+    ("12.8", None, "cuda 12.8"), (None, "7.2.1", "hip 7.2.1"), (None, None, None),
+])
+def test_torch_gpu_build_is_what_the_owning_spec_says(monkeypatch, cuda, hip, build):
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", hip, raising=False)
+    assert registry.torch_gpu_build() == build
+
+
+def test_the_specs_answer_what_the_core_asks():
+    specs = {spec.name: spec for spec in probing.registered_specs()}
+    assert {name: spec.device_type for name, spec in specs.items() if name in ("cpu", "cuda", "rocm")} == {
+        "cpu": "cpu", "cuda": "cuda", "rocm": "cuda"}  # torch's ROCm build keeps the "cuda" device type
+    assert {"cuda"} <= probing.device_types(compiles_triton=True) and "cpu" not in probing.device_types(
+        compiles_triton=True)
+    assert dict(specs["cuda"].environment) == {"HISPARSE_HAL_CUDA_MAX_BATCH": "descriptors per CUDA batch call"}
+    assert specs["cpu"].sweep_shared_files is not None and specs["cuda"].sweep_shared_files is None

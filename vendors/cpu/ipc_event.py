@@ -37,7 +37,7 @@ from hisparse_hal.settings import EVENT_TIMEOUT_ENV
 from .delayed_work import DelayedWork
 from .graph import refuse_while_capturing
 
-__all__ = ["CpuIpcEvent", "create_event", "import_event", "sweep_stale_events"]
+__all__ = ["CpuIpcEvent", "create_event", "import_event", "sweep_stale_event_files", "sweep_stale_events"]
 
 log = logging.getLogger(__name__)
 
@@ -568,3 +568,13 @@ def sweep_stale_events(directory: str | None = None) -> list[str]:
     if removed:
         log.info("removed %d CPU IPC event file(s) left by exporters that exited: %s", len(removed), ", ".join(removed))
     return removed
+
+
+def sweep_stale_event_files() -> list[str]:
+    """:func:`sweep_stale_events` in the event directory, as full paths (the CPU spec's ``sweep_shared_files``).
+
+    Returns:
+        The paths removed.
+    """
+    directory = _event_dir()
+    return [os.path.join(directory, name) for name in sweep_stale_events(directory)]

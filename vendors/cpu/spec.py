@@ -22,10 +22,19 @@ def probe() -> Probe:
     )
 
 
+def sweep_shared_files() -> list[str]:
+    """Remove the IPC event files (``/dev/shm``) of exited exporters; returns their paths."""
+    from .ipc_event import sweep_stale_event_files
+
+    return sweep_stale_event_files()
+
+
 SPEC = BackendSpec(
     name="cpu",
     priority=0,
     probe=probe,
     backend_class="hisparse_hal.vendors.cpu.backend:CpuBackend",
     fallback_only=True,
+    device_type="cpu",
+    sweep_shared_files=sweep_shared_files,
 )

@@ -7,6 +7,7 @@ missing, NVML failing, no visible device, a driver too old for the backend or fo
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -14,10 +15,10 @@ from packaging.version import InvalidVersion, Version
 
 from hisparse_hal.registry import BackendSpec, Probe
 
-from .capabilities import MIN_DRIVER, format_driver_version
+from .capabilities import BATCH_CAP_ENV, MIN_DRIVER, batch_cap_from_env, format_driver_version
 from .nvml import VISIBLE_ENV, read_nvml
 
-__all__ = ["probe", "SPEC"]
+__all__ = ["probe", "torch_build", "check_environment", "SPEC"]
 
 
 def _torch_cuda_version() -> int | None:
@@ -97,9 +98,27 @@ def probe() -> Probe:
     )
 
 
+def torch_build() -> str | None:
+    """``"cuda <version>"`` when torch is a CUDA build (``torch.version.cuda`` set, ``torch.version.hip`` not),
+    else None."""
+    if getattr(torch.version, "hip", None) or not getattr(torch.version, "cuda", None):
+        return None
+    return f"cuda {torch.version.cuda}"
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Check ``HISPARSE_HAL_CUDA_MAX_BATCH`` (raises ``InvalidArgumentError`` quoting a bad value)."""
+    batch_cap_from_env(environ)
+
+
 SPEC = BackendSpec(
     name="cuda",
     priority=100,
     probe=probe,
     backend_class="hisparse_hal.vendors.cuda.backend:CudaBackend",
+    device_type="cuda",
+    torch_build=torch_build,
+    compiles_triton=True,  # Triton's NVIDIA backend (third_party/nvidia) compiles for torch's "cuda" tensors
+    environment=((BATCH_CAP_ENV, "descriptors per CUDA batch call"),),
+    check_environment=check_environment,
 )

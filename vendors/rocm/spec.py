@@ -22,7 +22,7 @@ from .capabilities import ARCHITECTURES
 from .kfd_topology import read_kfd_topology
 from .visible_devices import VISIBILITY_VARIABLES, resolve_visible_devices
 
-__all__ = ["ProbeInputs", "probe_rocm", "probe", "SPEC"]
+__all__ = ["ProbeInputs", "probe_rocm", "probe", "torch_build", "SPEC"]
 
 
 def _find_library() -> tuple[Path | None, list[str]]:
@@ -137,9 +137,20 @@ def probe() -> Probe:
     return probe_rocm(ProbeInputs.from_process())
 
 
+def torch_build() -> str | None:
+    """``"hip <version>"`` when torch is a ROCm build (``torch.version.hip`` set), else None."""
+    hip = getattr(torch.version, "hip", None)
+    return f"hip {hip}" if hip else None
+
+
 SPEC = BackendSpec(
     name="rocm",
     priority=100,
     probe=probe,
     backend_class="hisparse_hal.vendors.rocm.backend:RocmBackend",
+    # torch's ROCm build keeps the "cuda" device type and torch.cuda API (torch docs, notes/hip.rst "HIP (ROCm)
+    # semantics"), and Triton's AMD backend (third_party/amd) compiles for those tensors.
+    device_type="cuda",
+    torch_build=torch_build,
+    compiles_triton=True,
 )

@@ -685,3 +685,14 @@ def test_the_sweep_leaves_live_events_and_files_being_created_alone(backend, eve
     assert os.path.exists(_event_path(backend.export_event(live)))
     assert os.path.exists(_event_path(backend.export_event(event)))
     live.close()
+
+
+def test_the_specs_sweep_hook_returns_the_full_paths_it_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(ipc_event, "_event_dir", lambda: str(tmp_path))
+    dead = tmp_path / (ipc_event.NAME_PREFIX + "2" * 32)
+    dead.write_bytes(bytes(64))  # a complete file nobody holds
+    from hisparse_hal.vendors.cpu.spec import SPEC
+
+    assert SPEC.sweep_shared_files is not None
+    assert SPEC.sweep_shared_files() == [str(dead)]
+    assert not dead.exists()
