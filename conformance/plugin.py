@@ -196,8 +196,9 @@ def _device_identity(backend: Any, probe_facts: dict[str, Any]) -> dict[str, str
         import torch
 
         try:
-            torch_name = torch.cuda.get_device_name(torch.device(device))
-        except (RuntimeError, AssertionError, ValueError):
+            where = torch.device(device)
+            torch_name = torch.get_device_module(where).get_device_name(where)
+        except (RuntimeError, AssertionError, ValueError, AttributeError):  # a device module without names
             torch_name = None
     return run_record.device_identity(device, versions, probe_facts, torch_name)
 

@@ -40,12 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def measure(pool: torch.Tensor, chunk_bytes: int) -> PinFigures:
     """Pin and unpin ``pool`` once on a fresh CPU backend built with chunk cap ``chunk_bytes``."""
-    from ..vendors.cpu.backend import CpuBackend
+    from ..probing import registered_specs
 
+    (cpu,) = [spec for spec in registered_specs() if spec.name == "cpu"]  # the reference device, through its spec
     previous = os.environ.get(CHUNK_ENV)
     os.environ[CHUNK_ENV] = str(chunk_bytes)
     try:
-        backend = CpuBackend()
+        backend = cpu.load_class()()
     finally:
         if previous is None:
             os.environ.pop(CHUNK_ENV, None)

@@ -57,20 +57,13 @@ def kernel_device_types() -> list[str]:
     """The device types the ops get a kernel for: ``cpu`` and this torch build's accelerator.
 
     The accelerator is ``torch.accelerator.current_accelerator()`` (torch 2.6; compile-time, no device context,
-    does not poison fork): ``cuda`` on CUDA and ROCm builds, whatever type another vendor's build has. A torch
-    without ``torch.accelerator`` gets every registered backend spec's ``device_type`` instead.
+    does not poison fork): ``cuda`` on CUDA and ROCm builds, whatever type another vendor's build has.
 
     Returns:
         The device types, ``cpu`` first.
     """
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None:
-        current = accelerator.current_accelerator()
-        found = [] if current is None else [current.type]
-    else:
-        from hisparse_hal.probing import device_types
-
-        found = sorted(device_types())
+    current = torch.accelerator.current_accelerator()
+    found = [] if current is None else [current.type]
     return ["cpu", *(kind for kind in found if kind != "cpu")]
 
 

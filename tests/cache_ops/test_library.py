@@ -371,8 +371,3 @@ def test_kernels_are_registered_for_cpu_and_the_builds_accelerator(monkeypatch, 
     fake = SimpleNamespace(current_accelerator=lambda: None if accelerator is None else torch.device(accelerator))
     monkeypatch.setattr(torch, "accelerator", fake)
     assert library.kernel_device_types() == expected
-
-
-def test_a_torch_without_torch_accelerator_gets_every_specs_device_type(monkeypatch):
-    monkeypatch.delattr(torch, "accelerator")  # torch < 2.6
-    assert library.kernel_device_types() == ["cpu", "cuda"]  # the built-in specs: cpu, cuda (CUDA and ROCm)
