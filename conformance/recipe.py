@@ -15,7 +15,8 @@ from typing import Any
 
 from hisparse_hal.backend import HiSparseBackend
 from hisparse_hal.errors import InvalidArgumentError
-from hisparse_hal.registry import BackendSpec, discover_specs, get_backend, select_backend
+from hisparse_hal.probing import known_specs
+from hisparse_hal.registry import BackendSpec, get_backend, select_backend
 
 from .qualnames import load_factory
 
@@ -100,7 +101,7 @@ class BackendRecipe:
         """The backend class without constructing it, when the recipe names a registry backend."""
         if self.registry_name is None:
             return None
-        for item in discover_specs():
+        for item in known_specs():
             if isinstance(item, BackendSpec) and item.name == self.registry_name:
                 return item.load_class()
         return None

@@ -125,7 +125,26 @@ def torch_gpu_build() -> str | None:
 def registered_specs() -> list[BackendSpec]:
     """Every spec of ``hisparse_hal.backends`` that loads (sorted by name); entry points that fail are left out
     here (:func:`discover_specs` reports them)."""
-    return [spec for spec in discover_specs() if isinstance(spec, BackendSpec)]
+    return [spec for spec in known_specs() if isinstance(spec, BackendSpec)]
+
+
+_known: list[BackendSpec | ProbeResult] | None = None
+
+
+def known_specs() -> list[BackendSpec | ProbeResult]:
+    """:func:`discover_specs`, read once per process: the core asks the specs often (selection, the environment
+    check, the cache-ops choice, the sweep), and a conformance run scans the entry points once per process.
+    :func:`forget_specs` (``registry.reset_backend_cache``) makes the next call read them again."""
+    global _known
+    if _known is None:
+        _known = discover_specs()
+    return _known
+
+
+def forget_specs() -> None:
+    """Read the entry points again on the next :func:`known_specs` (tests that register a backend)."""
+    global _known
+    _known = None
 
 
 def device_types(*, compiles_triton: bool = False) -> frozenset[str]:
@@ -182,13 +201,13 @@ def run_probe(spec: BackendSpec) -> ProbeResult:
 
 def probe_backends() -> list[ProbeResult]:
     """Probe every registered backend (highest priority first). Creates no device context."""
-    results = [item if isinstance(item, ProbeResult) else run_probe(item) for item in discover_specs()]
+    results = [item if isinstance(item, ProbeResult) else run_probe(item) for item in known_specs()]
     return sorted(results, key=lambda r: (-r.priority, r.name))
 
 
 def check_registered_backend(name: str) -> None:
     """Raise ``BackendUnavailableError`` if ``name`` is registered and its probe says unavailable."""
-    for item in discover_specs():
+    for item in known_specs():
         if isinstance(item, BackendSpec) and item.name == name:
             result = run_probe(item)
             if not result.available:

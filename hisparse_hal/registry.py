@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import threading
 
+from . import probing
 from .backend import HiSparseBackend
 from .errors import BackendUnavailableError
 
@@ -154,6 +155,7 @@ def get_backend(name: str | None = None) -> HiSparseBackend:
 
 
 def reset_backend_cache() -> None:
-    """Forget cached backends (tests, or after changing ``HISPARSE_HAL_BACKEND``)."""
+    """Forget cached backends and the registered specs (tests, or after changing ``HISPARSE_HAL_BACKEND``)."""
     with _cache_lock:
         _cache.clear()
+    probing.forget_specs()

@@ -134,7 +134,6 @@ def choose_cache_ops(
         )
     if forced == "torch":
         return "torch", f"{CACHE_OPS_ENV}=torch"
-    is_gpu = target.type in triton_device_types()
     if forced == "host":
         if target.type != "cpu":
             raise UnsupportedCapabilityError(
@@ -144,6 +143,7 @@ def choose_cache_ops(
         return "host", f"{CACHE_OPS_ENV}=host"
     if forced != "triton" and target.type == "cpu":
         return "host", _HOST_REASON
+    is_gpu = target.type in triton_device_types()  # after the CPU's answer: a CPU run reads no spec for it
     if forced != "triton" and not is_gpu:
         return "torch", f"device {target} is not a GPU; the Triton kernels compile for GPUs only"
     if facts is None:
@@ -236,12 +236,16 @@ def implementation_for(device: torch.device | str) -> CacheOpsChoice:
 def reset_implementation_choice() -> None:
     """Forget every memoised :func:`implementation_for` choice (tests, or after changing ``HISPARSE_HAL_CACHE_OPS``).
 
-    The next op call and the next backend built choose afresh; backends already built keep theirs.
+    The next op call and the next backend built choose afresh, from the registered specs read again; backends
+    already built keep theirs.
     """
+    from hisparse_hal.probing import forget_specs
+
     global _triton_types
     with _choices_lock:
         _choices.clear()
         _triton_types = None
+    forget_specs()
 
 
 def implementation_entries(name: str) -> Any:
