@@ -260,6 +260,10 @@ def reference_gather_rows(source: torch.Tensor, destination: torch.Tensor, row_i
     """
     rows = row_ids.to(torch.long).clamp_min(0)
     block_size = source.shape[1]
+    if source.element_size() == 1:
+        # Indexed as bytes: torch 2.9's CPU advanced indexing has no float8 kernel ("index_cpu" not implemented for
+        # 'Float8_e4m3fn'; torch 2.13 has one), and a one-byte view is the same bytes whatever the strides.
+        source = source.view(torch.uint8)
     payload = source[rows // block_size, rows % block_size]
     if payload.dtype != destination.dtype:
         payload = payload.contiguous().view(destination.dtype)
