@@ -114,9 +114,15 @@ class ProbeResult:
 
 def torch_gpu_build() -> str | None:
     """The running torch's vendor build as the registered spec that owns it names it (``"<name> <version>"``,
-    e.g. CUDA's or ROCm's), else None (a CPU build). Asks each spec's ``torch_build``; touches no device."""
+    e.g. CUDA's or ROCm's), else None (a CPU build). Asks each spec's ``torch_build``; touches no device.
+
+    A ``torch_build`` that raises answers for its spec as an unknown build naming the error, never None: a broken
+    vendor hook must not let selection fall back to the CPU device silently."""
     for spec in registered_specs():
-        build = spec.torch_build()
+        try:
+            build = spec.torch_build()
+        except Exception as exc:  # noqa: BLE001 - a vendor's hook: named in the answer
+            return f"unknown ({spec.name!r} spec's torch_build raised {type(exc).__name__}: {exc})"
         if build:
             return build
     return None

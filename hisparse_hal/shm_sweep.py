@@ -8,10 +8,14 @@ Invariant: only files whose owner is gone are removed; a live run's files are ne
 
 from __future__ import annotations
 
+import logging
+
 __all__ = ["sweep_shared_files", "SWEPT"]
 
 #: How a command names a file the sweep removed: the sweep knows only that the file's owner exited.
 SWEPT = "left in shared memory by an exited process"
+
+log = logging.getLogger(__name__)
 
 
 def sweep_shared_files() -> list[str]:
@@ -25,6 +29,10 @@ def sweep_shared_files() -> list[str]:
 
     removed = sweep_stale_pools()
     for spec in registered_specs():
-        if spec.sweep_shared_files is not None:
+        if spec.sweep_shared_files is None:
+            continue
+        try:
             removed += spec.sweep_shared_files()
+        except Exception as exc:  # noqa: BLE001 - cleanup after an interrupt: one vendor's failure stops no other
+            log.warning("the %r backend's shared-memory sweep failed: %s: %s", spec.name, type(exc).__name__, exc)
     return removed

@@ -15,11 +15,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from hisparse_hal import environment_check, registry, shm_sweep
+from hisparse_hal import environment_check, probing, registry, shm_sweep
 from hisparse_hal.cache_ops import selection
 from hisparse_hal.errors import BackendUnavailableError, InvalidArgumentError
 from hisparse_hal.probing import torch_gpu_build
@@ -109,6 +110,36 @@ def test_its_variables_are_known_and_checked(third: Path) -> None:
     environment_check.check_environment({third_spec.BUILD_ENV: "1"})
     with pytest.raises(InvalidArgumentError, match=r"HISPARSE_HAL_THIRD_BUILD must be 0 or 1, got '2'"):
         environment_check.check_environment({third_spec.BUILD_ENV: "2"})
+
+
+def _broken() -> Any:
+    raise ValueError("no version file")
+
+
+def test_a_torch_build_hook_that_raises_refuses_the_silent_cpu_fallback_naming_it(
+        third: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    specs = [dataclasses.replace(s, torch_build=_broken) if s.name == "third" else s
+             for s in probing.registered_specs()]
+    monkeypatch.setattr(probing, "registered_specs", lambda: specs)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    build = "unknown ('third' spec's torch_build raised ValueError: no version file)"
+    assert torch_gpu_build() == build
+    cpu_only = [r for r in registry.probe_backends() if r.name == "cpu"]
+    with pytest.raises(BackendUnavailableError, match=r"torch is a GPU build \(unknown \('third' spec's torch_build"):
+        registry.select_backend(results=cpu_only)
+
+
+def test_a_sweep_hook_that_raises_is_logged_and_the_other_sweeps_still_run(
+        third: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(third_spec, "SWEPT", ["/dev/shm/third-dead-owner"])
+    third_entry = next(s for s in probing.registered_specs() if s.name == "third")
+    broken = dataclasses.replace(third_entry, name="a_broken", sweep_shared_files=_broken)
+    monkeypatch.setattr(probing, "registered_specs", lambda: [broken, third_entry])
+    with caplog.at_level("WARNING", logger="hisparse_hal.shm_sweep"):
+        removed = shm_sweep.sweep_shared_files()
+    assert "/dev/shm/third-dead-owner" in removed
+    assert "the 'a_broken' backend's shared-memory sweep failed: ValueError: no version file" in caplog.text
 
 
 def test_its_shared_memory_sweep_runs(third: Path, monkeypatch: pytest.MonkeyPatch) -> None:
