@@ -211,6 +211,21 @@ def _counting_launches(name: str, ops: object) -> Iterator[Callable[[], int | No
         yield lambda: sum(counted.values())
 
 
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Keep Kineto's start/stop markers ("USDT: ... profiler_start", printed at level 5 whatever level is asked
+    for) out of the table: ``KINETO_LOG_LEVEL=6`` while the profiler starts (Kineto reads it then), a value the
+    user set kept, and the caller's environment as it was afterwards (a library caller inherits nothing)."""
+    if "KINETO_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["KINETO_LOG_LEVEL"] = "6"
+    try:
+        yield
+    finally:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
+
+
 def _peak_extra_bytes(
     fn: Callable[[], object], device: torch.device, synchronize: Callable[[], object] | None = None
 ) -> int:
@@ -232,11 +247,7 @@ def _peak_extra_bytes(
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
-    # Kineto prints its start/stop markers ("USDT: ... profiler_start") at level 5 whatever the level asked for;
-    # 6 keeps them out of the table. Read when the profiler first starts; a value the user set is kept.
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_kineto(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events: list[Any] = []
     pending = list(prof.profiler.kineto_results.experimental_event_tree())

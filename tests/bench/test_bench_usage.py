@@ -91,10 +91,24 @@ def test_an_interrupt_before_any_case_writes_no_json(main, capsys, monkeypatch, 
 
 
 def test_the_cpu_peak_memory_measure_prints_no_profiler_markers():
-    code = ("import torch; from hisparse_hal.bench.cache_ops import _peak_extra_bytes; "
-            "print(_peak_extra_bytes(lambda: torch.ones(1 << 16), torch.device('cpu')))")
+    code = ("import os, torch; from hisparse_hal.bench.cache_ops import _peak_extra_bytes; "
+            "print(_peak_extra_bytes(lambda: torch.ones(1 << 16), torch.device('cpu'))); "
+            "print(os.environ.get('KINETO_LOG_LEVEL'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert int(done.stdout) >= 4 << 16
+    peak, level_after = done.stdout.split()
+    assert int(peak) >= 4 << 16
+    assert level_after == "None"  # the caller's environment as it was: nothing inherited by a library caller
     assert "USDT" not in done.stderr and "profiler_start" not in done.stderr, done.stderr
+
+
+def test_a_kineto_level_the_user_set_is_kept_while_profiling_and_after(monkeypatch):
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "3")
+    with cache_ops._quiet_kineto():
+        assert os.environ["KINETO_LOG_LEVEL"] == "3"
+    assert os.environ["KINETO_LOG_LEVEL"] == "3"
+    monkeypatch.delenv("KINETO_LOG_LEVEL")
+    with cache_ops._quiet_kineto():
+        assert os.environ["KINETO_LOG_LEVEL"] == "6"
+    assert "KINETO_LOG_LEVEL" not in os.environ
