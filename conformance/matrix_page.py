@@ -280,6 +280,8 @@ dl.run{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:6
 dl.run dd{margin:0}ul.failures li{margin:3px 0}code{font-size:12px;background:#f4f4f4;padding:0 3px}
 .note{color:#8c1d18}.legend span{display:inline-block;padding:1px 8px;margin-right:6px;border-radius:3px}
 svg.chart{display:inline-block;margin:8px 16px 16px 0;max-width:100%}
+.table-scroll{overflow-x:auto;max-width:100%}dd,li,.report p{overflow-wrap:anywhere}
+#matrix th.name{position:sticky;left:0;z-index:1;min-width:150px;box-shadow:1px 0 0 #d0d0d0}
 """
 
 
@@ -335,7 +337,8 @@ def _date_html(date: str) -> str:
 
 def _matrix_table(merged: Mapping[str, Any]) -> str:
     head = "".join(f"<th>{escape(AREA_TITLES.get(a, a))}</th>" for a in merged["areas"])
-    lines = ['<table id="matrix"><thead><tr><th>Backend / machine</th><th>Verdict</th><th>Contract, mode</th>'
+    # A narrow window scrolls the table alone, its row names kept in view (sticky first column).
+    lines = ['<div class="table-scroll"><table id="matrix"><thead><tr><th>Backend / machine</th><th>Verdict</th><th>Contract, mode</th>'
              f"<th>Date</th><th>hisparse-hal</th>{head}</tr></thead><tbody>"]
     for i, row in enumerate(merged["rows"], 1):
         verdict_text = escape(row["verdict"])
@@ -350,7 +353,7 @@ def _matrix_table(merged: Mapping[str, Any]) -> str:
             f'{_value(row["mode"])}</span></td><td class="date">{_date_html(row["date"])}</td>'
             f'<td class="version">{_hal_version(row)}</td>{cells}</tr>'
         )
-    lines.append("</tbody></table>")
+    lines.append("</tbody></table></div>")
     return "\n".join(lines)
 
 

@@ -179,6 +179,26 @@ def test_the_screenshot_is_taken(browsed):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
 
+def test_a_narrow_window_scrolls_the_table_alone_with_its_row_names_in_view(browsed):
+    """At 700 px the table is wider than the window: it scrolls inside its box (the page itself does not), and the
+    row names stay at the box's left edge once scrolled. Measured by a script in a copy of the page (the page has
+    none), which writes what it measured into the DOM that Chromium dumps."""
+    page = Path(browsed["root"]) / "out" / "index.html"
+    measured = page.with_name("measured.html")
+    probe = ("<script>const box=document.querySelector('#matrix').parentElement;box.scrollLeft=400;"
+             "const name=document.querySelector('#matrix tbody th.name').getBoundingClientRect();"
+             "document.body.dataset.measured=[document.documentElement.scrollWidth<=window.innerWidth,"
+             "box.scrollWidth>box.clientWidth,box.scrollLeft>0,"
+             "Math.abs(name.left-box.getBoundingClientRect().left)<1].join(',');</script>")
+    measured.write_text(page.read_text(encoding="utf-8").replace("</body>", probe + "</body>"), encoding="utf-8")
+    done = _open_in_chromium(_chromium(), measured, Path(browsed["root"]), "--dump-dom", "--window-size=700,500")
+    assert console_messages(done.stderr) == []
+    found = re.search(r'data-measured="([^"]*)"', done.stdout)
+    assert found is not None, done.stdout[:500]
+    page_fits, table_scrolls, scrolled, name_in_view = found.group(1).split(",")
+    assert (page_fits, table_scrolls, scrolled, name_in_view) == ("true", "true", "true", "true")
+
+
 def test_the_console_check_sees_a_script_error(tmp_path):
     """The check above can fail: a page with a script error is caught."""
     browser = _chromium()
