@@ -338,7 +338,8 @@ def _date_html(date: str) -> str:
 def _matrix_table(merged: Mapping[str, Any]) -> str:
     head = "".join(f"<th>{escape(AREA_TITLES.get(a, a))}</th>" for a in merged["areas"])
     # A narrow window scrolls the table alone, its row names kept in view (sticky first column).
-    lines = ['<div class="table-scroll"><table id="matrix"><thead><tr><th>Backend / machine</th><th>Verdict</th><th>Contract, mode</th>'
+    lines = ['<div class="table-scroll"><table id="matrix"><thead><tr><th>Backend / machine</th><th>Verdict</th>'
+             '<th>Contract, mode</th>'
              f"<th>Date</th><th>hisparse-hal</th>{head}</tr></thead><tbody>"]
     for i, row in enumerate(merged["rows"], 1):
         verdict_text = escape(row["verdict"])
