@@ -104,6 +104,9 @@ def _row_verdict(doc: Mapping[str, Any]) -> tuple[str, list[str]]:
     if not recorded:
         return computed, []
     notes = []
+    mismatch = doc.get("device_mismatch")
+    if isinstance(mismatch, Mapping) and mismatch.get("reason"):
+        notes.append(str(mismatch["reason"]))
     if _RANK.get(computed, 3) > _RANK.get(str(recorded), 3):
         notes.append(f"results.json records {recorded}, but its outcomes say {computed}")
     return _worse(str(recorded), computed), notes

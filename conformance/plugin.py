@@ -130,10 +130,13 @@ class ConformanceState:
         self.claims: list[dict[str, Any]] = []  # denied capabilities a claims-tier probe found working
         self.record_facts: dict[str, Any] | None = None  # the run's format-2 facts, read once
         self.resumed: set[str] = set()
+        #: What each test process of the run tested (label -> run_record.process_identity), cross-checked.
+        self.processes: dict[str, dict[str, Any]] = {}
         resume = config.getoption("hal_resume")
         if resume:
             earlier = json.loads(Path(resume).read_text(encoding="utf-8"))
             self.collector.restore(earlier["tests"])
+            self.processes.update((earlier.get("facts") or {}).get("processes") or {})
             self.claims = list(earlier.get("claims") or [])
             self.resumed = {t["id"] for t in earlier["tests"]}
             self.probe_failures = [
@@ -147,11 +150,18 @@ class ConformanceState:
                 self._backend = self.run.build()
                 self.backend_facts = backend_facts(self._backend)
                 self.backend_facts["device_identity"] = _device_identity(self._backend, self.run.probe_facts())
+                self.backend_facts["process"] = self.process_label()
             except BaseException as exc:  # re-raised by every test that needs the backend
                 self._backend_error = exc
         if self._backend_error is not None:
             raise self._backend_error
         return self._backend
+
+    def process_label(self) -> str:
+        """This test process's name in the report: its xdist worker id (``main`` without xdist) and its pid, which
+        tells a process resumed after a crash from the one that crashed."""
+        worker = getattr(self.config, "workerinput", {}).get("workerid", "main")
+        return f"{worker} (pid {os.getpid()})"
 
     def architectures(self) -> tuple[str, ...]:
         try:
@@ -296,16 +306,33 @@ def _publish_worker_facts(state: ConformanceState) -> None:
     os.replace(tmp, target)
 
 
-def _worker_facts(state: ConformanceState) -> dict[str, Any]:
-    """The backend facts an xdist worker published (empty: none yet)."""
+def _published_facts(state: ConformanceState) -> list[dict[str, Any]]:
+    """The backend facts the xdist workers published, in worker order (empty: none yet)."""
     if not state.gate_file:
-        return {}
+        return []
+    found = []
     for path in sorted(Path(state.gate_file).parent.glob("facts-*.json")):
         try:
-            return dict(json.loads(path.read_text(encoding="utf-8")))
+            found.append(dict(json.loads(path.read_text(encoding="utf-8"))))
         except (OSError, ValueError):
             continue
-    return {}
+    return found
+
+
+def _worker_facts(state: ConformanceState) -> dict[str, Any]:
+    """The backend facts the first xdist worker published (empty: none yet)."""
+    published = _published_facts(state)
+    return published[0] if published else {}
+
+
+def _processes(state: ConformanceState) -> dict[str, dict[str, Any]]:
+    """Every test process of the run so far with what it tested: this process (when it built the backend), the
+    xdist workers, and the processes of the run before a crash (from the report it resumes). Kept in the state,
+    so the report written after the workers' files are removed still lists them."""
+    for facts in [state.backend_facts, *_published_facts(state)]:
+        if facts.get("process") and facts.get("backend_class"):
+            state.processes[str(facts["process"])] = run_record.process_identity(facts)
+    return state.processes
 
 
 # The runner starts pytest with SIGINT blocked: an interrupt while modules import (pytest's plugins, the test
@@ -615,7 +642,10 @@ def _document(state: ConformanceState, running: str | None = None,
     if not state.backend_facts:  # the xdist controller builds no backend: a worker's facts
         state.backend_facts = _worker_facts(state)
     facts = dict(state.environment)
-    facts.update(state.backend_facts)
+    facts.update({k: v for k, v in state.backend_facts.items() if k != "process"})
+    processes = _processes(state)
+    facts["processes"] = processes
+    mismatch = run_record.device_mismatch(processes)
     facts["architectures"] = sorted(
         set(facts.get("architectures", [])) | set(backend_architectures({}, facts.get("probe", {})))
     )
@@ -630,7 +660,8 @@ def _document(state: ConformanceState, running: str | None = None,
          "selection": state.selection.as_dict(),
          **({"incomplete": {"running": running, "reason": "the run is in progress, or its process died"}}
             if running else {}),
-         **({"incomplete": incomplete} if incomplete else {})},
+         **({"incomplete": incomplete} if incomplete else {}),
+         **({"device_mismatch": mismatch} if mismatch else {})},
     )
     return _format2(state, doc, finished)
 
@@ -660,6 +691,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         config.workeroutput["hal_deselected"] = state.selection.deselected  # type: ignore[attr-defined]
         return
     if state.strict and state.unmatched and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if session.exitstatus == 0 and run_record.device_mismatch(_processes(state)):  # the verdict is FAIL
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     state.finished_incomplete = _unfinished(state, session)
     state.finished = time.time()

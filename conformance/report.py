@@ -266,11 +266,12 @@ def strict_failure(doc: Mapping[str, Any]) -> bool:
 
 def overall_verdict(doc: Mapping[str, Any]) -> str:
     """The run's verdict: INCOMPLETE for a run that did not finish, FAIL for a ``--strict`` run with unmatched
-    expectation entries, else :func:`verdict` of its counts, a PASS with ``(partial)`` after it when the run was
-    a selection of the suite."""
+    expectation entries or for test processes that tested different backends or devices (``device_mismatch``),
+    else :func:`verdict` of its counts, a PASS with ``(partial)`` after it when the run was a selection of the
+    suite."""
     if doc.get("incomplete"):
         return "INCOMPLETE"
-    if strict_failure(doc):
+    if strict_failure(doc) or doc.get("device_mismatch"):
         return "FAIL"
     counts_verdict = verdict(doc["summary"])
     full = (doc.get("selection") or {}).get("full_suite", False)  # unrecorded: not taken for the full suite
@@ -338,6 +339,10 @@ def render_summary(doc: Mapping[str, Any]) -> str:
         lines += [_incomplete_text(doc["incomplete"]), ""]
     if strict_failure(doc):
         lines += ["**FAIL (--strict)**: expectation entries matched no test (listed below).", ""]
+    mismatch = doc.get("device_mismatch")
+    if mismatch:
+        why = mismatch.get("reason") if isinstance(mismatch, Mapping) else None
+        lines += [f"**FAIL (devices)**: {why or 'the test processes tested different backends or devices'}.", ""]
     lines += [
         f"Suite {doc['suite_version']}; torch {facts.get('torch', '?')}; "
         f"device {facts.get('device', '?')}; architectures {', '.join(facts.get('architectures', [])) or 'n/a'}.",

@@ -32,6 +32,8 @@ __all__ = [
     "backend_under_test",
     "expectations_record",
     "run_block",
+    "process_identity",
+    "device_mismatch",
 ]
 
 #: The ``format`` of the results.json this package writes.
@@ -164,3 +166,44 @@ def run_block(started: float, finished: float | None, device: Mapping[str, Any],
     return {"started": utc_iso(started), "finished": utc_iso(finished), "hisparse_hal_version": version,
             "commit": commit, "host": socket.gethostname(), "device": dict(device),
             "python": platform.python_version(), "torch": torch.__version__}
+
+
+#: The backend facts every process of one run must agree on (SYCL-CTS's cross-check of each test executable's
+#: device dump, ``run_conformance_tests.py``): which class, on which device, claiming what.
+IDENTITY_KEYS = ("backend_class", "device", "device_identity", "capabilities")
+
+
+def process_identity(backend_facts: Mapping[str, Any]) -> dict[str, Any]:
+    """What one test process's backend facts say it tested (:data:`IDENTITY_KEYS`), JSON-ready."""
+    return {key: backend_facts.get(key) for key in IDENTITY_KEYS}
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        flat: dict[str, Any] = {}
+        for key, inner in value.items():
+            flat.update(_flat(inner, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: value}
+
+
+def device_mismatch(processes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Whether the run's test processes (xdist workers, a process resumed after a crash) tested one backend on one
+    device: None when every identity (:func:`process_identity`) is equal, else ``{"reason", "processes"}`` whose
+    reason names the processes and the facts they differ in (a mixed-GPU machine, a ``CUDA_VISIBLE_DEVICES`` or
+    ``HIP_VISIBLE_DEVICES`` that differs between workers, a driver updated between a crash and its resume)."""
+    if len(processes) < 2:
+        return None
+    labels = sorted(processes)
+    flats = {label: _flat(processes[label]) for label in labels}
+    first = flats[labels[0]]
+    differing = sorted({key for flat in flats.values() for key in set(first) | set(flat)
+                        if flat.get(key) != first.get(key)})
+    if not differing:
+        return None
+    shown = "; ".join(
+        f"{key}: " + ", ".join(f"{label} {flats[label].get(key)!r}" for label in labels) for key in differing[:3]
+    ) + (f"; and {len(differing) - 3} more facts" if len(differing) > 3 else "")
+    return {"reason": f"the test processes did not test one backend on one device ({len(labels)} processes: "
+                      f"{', '.join(labels)}): {shown}",
+            "processes": {label: dict(processes[label]) for label in labels}}

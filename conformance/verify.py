@@ -209,6 +209,10 @@ def _run_reasons(doc: Mapping[str, Any]) -> list[str]:
     if doc.get("incomplete"):
         why = (doc["incomplete"] or {}).get("reason") if isinstance(doc["incomplete"], Mapping) else None
         reasons.append(f"incomplete: the run did not finish ({why or 'marked incomplete'})")
+    mismatch = doc.get("device_mismatch")
+    if mismatch:
+        why = mismatch.get("reason") if isinstance(mismatch, Mapping) else None
+        reasons.append(f"devices: {why or 'the test processes tested different backends or devices'}")
     if doc["mode"] != "full" or not doc["selection"].get("full_suite"):
         selection = doc["selection"]
         named = ", ".join(f"{k} {selection[k]!r}" for k in ("keyword", "markexpr", "pytest_args") if selection.get(k))

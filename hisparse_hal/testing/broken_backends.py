@@ -8,6 +8,7 @@ Build one with ``hisparse-hal conformance --factory broken_backends:<Class>`` (t
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -316,6 +317,21 @@ class SwapCrashesTheProcess(CpuBackend):
 
         faulthandler.disable()  # keep the test log short; the runner reports the crash
         ctypes.string_at(0)
+
+
+class VersionsDifferPerProcess(CpuBackend):
+    """Run record: each process that builds it reports another runtime version (``capabilities.versions`` names
+    the process id), as workers on different GPUs or drivers would; every test passes, the run must not."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        base = super().capabilities
+        return dataclasses.replace(base, versions={**base.versions, "runtime": f"process {os.getpid()}"})
+
+
+class CrashesAndVersionsDifferPerProcess(VersionsDifferPerProcess, SwapCrashesTheProcess):
+    """Run record: a swap kills the process and the process the runner resumes with reports another runtime
+    version (a driver updated, or another GPU picked, between a crash and its resume)."""
 
 
 #: Each broken backend, the area the suite must fail it in, and a -k expression that reaches its bug.
