@@ -3,10 +3,10 @@ installed here.
 
 Invariant: CONFORMANT only when the report is format 2 and whole (schema), of a full, finished run with verdict PASS,
 of this exact suite (its hash), every must-pass test of its contract present with an allowed outcome (passed;
-skipped for a named missing capability or as not applicable to this kind of backend; an expected failure from the
-vendor's committed expectations file, unmodified); otherwise NOT CONFORMANT with every reason. Claims a probe
-contradicted, and settings that scale a test down (``HISPARSE_HAL_CACHE_OPS_SEQUENCES``), are printed as warnings and
-change nothing.
+skipped for a named missing capability the report's own capabilities deny, or as not applicable to this kind of
+backend; an expected failure from the vendor's committed expectations file, unmodified), and every test process on
+one backend and device; otherwise NOT CONFORMANT with every reason. Claims a probe contradicted, and settings that
+scale a test down (``HISPARSE_HAL_CACHE_OPS_SEQUENCES``), are printed as warnings and change nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from hisparse_hal.errors import InvalidArgumentError
 
 from .contracts import CONTRACTS
 from .mustpass import file_sha256, read_mustpass, suite_digest
-from .report import OUTCOMES, overall_verdict
+from .report import OUTCOMES, overall_verdict, skipped_capability
 
 __all__ = ["Verification", "load_report", "verify_document", "verify_folder", "add_arguments", "run"]
 
@@ -164,11 +164,37 @@ def _expectations_reasons(doc: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def _outcome_reason(test: Mapping[str, Any], expectations_ok: bool) -> str | None:
+def _claimed_anyway(test: Mapping[str, Any], capabilities: Mapping[str, Any]) -> str | None:
+    """The recorded capability value that contradicts a capability skip (None: the record agrees, or has none).
+
+    A skip for a missing capability is allowed only when the report's own ``facts.capabilities`` denies it: a flag
+    recorded true (``backend capability ipc_events is False`` beside ``ipc_events: true``), or a KV format the skip
+    says is missing but the recorded ``kv_formats`` lists, is a report edited or produced inconsistently.
+    """
+    name = skipped_capability(str(test.get("reason", "")))
+    if name is None or name not in capabilities:
+        return None
+    value = capabilities[name]
+    if value is True:
+        return f"{name} is true"
+    lacks = str(test.get("reason", "")).partition(" lacks ")[2].split(maxsplit=1)
+    if isinstance(value, list) and lacks and lacks[0] in value:
+        return f"{name} lists {lacks[0]}"
+    return None
+
+
+def _outcome_reason(test: Mapping[str, Any], expectations_ok: bool,
+                    capabilities: Mapping[str, Any] | None = None) -> str | None:
     """Why this must-pass test's outcome is not allowed (None: it is)."""
     outcome, kind = test["outcome"], test.get("skip_kind")
     why = " ".join(str(test.get("reason", "")).split())[:200]
     if outcome == "passed":
+        return None
+    if outcome == "skipped" and kind == "capability":
+        contradiction = _claimed_anyway(test, capabilities or {})
+        if contradiction:
+            return (f"{test['id']} skipped for a missing capability, but the report's capabilities say "
+                    f"{contradiction}: {why}")
         return None
     if outcome == "skipped" and kind in ALLOWED_SKIPS:
         return None
@@ -192,7 +218,9 @@ def _must_pass_reasons(doc: Mapping[str, Any], expectations_ok: bool) -> list[st
     if missing:
         reasons.append(f"must-pass: {len(missing)} of {len(must)} tests of {contract_id} are missing from the "
                        f"report: {_listed(missing)}")
-    reasons += [r for i in must if i in tests and (r := _outcome_reason(tests[i], expectations_ok))]
+    recorded = doc["facts"].get("capabilities")
+    capabilities = recorded if isinstance(recorded, Mapping) else {}
+    reasons += [r for i in must if i in tests and (r := _outcome_reason(tests[i], expectations_ok, capabilities))]
     return reasons
 
 

@@ -150,10 +150,33 @@ def test_a_capability_skip_is_allowed_and_a_claim_is_a_warning(whole):
     test = whole["tests"][-1]
     test.update(outcome="skipped", reason="backend capability ipc_events is False on 'x'; this test needs it",
                 skip_kind="capability", capability="ipc_events")
+    whole["facts"]["capabilities"]["ipc_events"] = False  # as the backend that skipped it records it
     whole["claims"] = [{"capability": "graph_capture", "claimed": False, "works": True, "evidence": "replayed"}]
     result = verify_document(_recount(whole))
     assert result.conformant and result.lines() == [
         "CONFORMANT", "warning: claim: the backend denies graph_capture, but a probe found it working: replayed"]
+
+
+def test_a_capability_skip_the_reports_own_capabilities_contradict_is_named(whole):
+    test = whole["tests"][-1]
+    why = "backend capability ipc_events is False on 'x'; this test needs it"
+    test.update(outcome="skipped", reason=why, skip_kind="capability", capability="ipc_events")
+    whole["facts"]["capabilities"]["ipc_events"] = True
+    _only_reason(_recount(whole), f"{test['id']} skipped for a missing capability, but the report's capabilities "
+                 f"say ipc_events is true: {why}")
+    whole["facts"]["capabilities"]["ipc_events"] = False
+    assert verify_document(whole).conformant
+
+
+def test_a_kv_format_skip_is_contradicted_when_the_recorded_formats_list_it(whole):
+    test = whole["tests"][-1]
+    test.update(outcome="skipped", reason="capability kv_formats lacks fp8_ds_mla", skip_kind="capability",
+                capability="kv_formats")
+    whole["facts"]["capabilities"]["kv_formats"] = ["bf16", "fp8_ds_mla"]
+    _only_reason(_recount(whole), f"{test['id']} skipped for a missing capability, but the report's capabilities "
+                 "say kv_formats lists fp8_ds_mla: capability kv_formats lacks fp8_ds_mla")
+    whole["facts"]["capabilities"]["kv_formats"] = ["bf16"]
+    assert verify_document(whole).conformant
 
 
 def test_a_strict_run_with_unmatched_entries_is_not_conformant(whole):
