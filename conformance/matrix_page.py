@@ -112,6 +112,13 @@ def _row_verdict(doc: Mapping[str, Any]) -> tuple[str, list[str]]:
     return _worse(str(recorded), computed), notes
 
 
+def _mode(doc: Mapping[str, Any]) -> str:
+    """``full``, ``subset``, or ``subset smoke`` for a named subset (see conformance/subsets.py)."""
+    mode = doc.get("mode") or NOT_RECORDED
+    subset = (doc.get("selection") or {}).get("subset")
+    return f"{mode} {subset}" if subset and mode != NOT_RECORDED else str(mode)
+
+
 def _short_commit(commit: Any) -> str:
     if not commit:
         return NOT_RECORDED
@@ -138,7 +145,7 @@ def _run_fields(doc: Mapping[str, Any]) -> dict[str, Any]:
         "format": doc.get("format", 1),
         "contract": contract.get("id") or NOT_RECORDED,
         "contract_title": contract.get("title") or NOT_RECORDED,
-        "mode": doc.get("mode") or NOT_RECORDED,
+        "mode": _mode(doc),
         "started": run.get("started") or NOT_RECORDED,
         "finished": run.get("finished") or NOT_RECORDED,
         "date": _date(run.get("started")),

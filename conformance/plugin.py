@@ -40,6 +40,7 @@ from .report import (
     write_report,
 )
 from .resolved_run import ResolvedRun
+from .subsets import SUBSETS
 
 pytest_plugins = ("hisparse_hal.conformance.fixtures",)
 
@@ -61,6 +62,7 @@ class Selection:
         self.keyword = config.getoption("keyword", "") or ""
         self.markexpr = config.getoption("markexpr", "") or ""
         self.pytest_args = config.getoption("hal_pytest_args") or ""
+        self.subset = config.getoption("hal_subset") or None  # a named subset (conformance/subsets.py)
         # pytest's own positional arguments: the runner's are the suite's package; a direct `pytest FILE` names less.
         self.paths = [arg for arg in config.args if not _is_whole_suite(arg)]
         self.selected_ids: list[str] = []
@@ -81,11 +83,11 @@ class Selection:
     def as_dict(self) -> dict[str, Any]:
         """The ``selection`` entry of ``results.json``."""
         areas = sorted({area_of(i) for i in self.selected_ids}, key=lambda a: AREAS.index(a) if a in AREAS else 99)
-        full = not (self.keyword or self.markexpr or self.deselected or self.narrowing_args())
+        full = not (self.keyword or self.markexpr or self.subset or self.deselected or self.narrowing_args())
         per_area: dict[str, int] = {}
         for test_id in self.selected_ids:
             per_area[area_of(test_id)] = per_area.get(area_of(test_id), 0) + 1
-        return {"keyword": self.keyword or None, "markexpr": self.markexpr or None,
+        return {"keyword": self.keyword or None, "markexpr": self.markexpr or None, "subset": self.subset,
                 "pytest_args": self.pytest_args or None, "selected": len(self.selected_ids),
                 "deselected": self.deselected, "areas": areas, "full_suite": full,
                 "per_area": {a: per_area[a] for a in areas}}
@@ -255,6 +257,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--hal-strict", action="store_true", default=False, help="expectation entries that match no test fail the run"
     )
+    group.addoption("--hal-subset", default=None, metavar="NAME",
+                    help="(set by the runner with its -m) the named subset the run selected, recorded in the report")
     group.addoption("--hal-pytest-args", default="", metavar="ARGS",
                     help="(set by the runner) the further pytest arguments the user gave, recorded in the report")
     group.addoption("--hal-deferred-interrupts", action="store_true", default=False,
@@ -271,6 +275,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "needs(*capabilities): skip unless each named Capabilities flag is true (the reason names it)"
     )
+    for subset in SUBSETS.values():
+        config.addinivalue_line("markers", f"{subset.marker}: in the named subset {subset.name!r} ({subset.purpose})")
     config.addinivalue_line(
         "markers",
         "hal_extension: beyond vLLM 0.34.0's contract (a member hisparse-hal adds, or a behaviour vLLM's members do "

@@ -20,6 +20,8 @@ from pathlib import Path
 from hisparse_hal.errors import InvalidArgumentError
 from hisparse_hal.python_child import process_alive, python_command, python_environment
 
+from .subsets import subset_named
+
 __all__ = ["check_arguments", "check_selection", "needs_selection_check", "scratch_directory", "sweep_stale_scratch"]
 
 SCRATCH_PREFIX = "hisparse-conformance-run-"
@@ -32,7 +34,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 
     Raises:
         InvalidArgumentError: ``--timeout`` not a positive, finite number; ``-n`` neither ``auto``, ``logical``
-            nor a non-negative int; ``-k`` not a valid pytest match expression (pytest's own parser says why).
+            nor a non-negative int; ``--subset`` not a named subset; ``-k`` not a valid pytest match expression
+            (pytest's own parser says why).
     """
     timeout = args.timeout
     if timeout is None or not (math.isfinite(timeout) and timeout > 0):
@@ -41,6 +44,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         value = str(args.numprocesses)
         if value not in ("auto", "logical") and not value.isdigit():
             raise InvalidArgumentError(f"-n must be a number of processes, 'auto' or 'logical', got {value!r}")
+    if getattr(args, "subset", None) is not None:
+        subset_named(args.subset)
     if args.keyword:
         from _pytest.mark.expression import Expression
 

@@ -293,6 +293,8 @@ def selection_text(selection: Mapping[str, Any] | None) -> str:
     if selection.get("areas"):
         parts.append("areas " + ", ".join(selection["areas"]))
     kind = "the full suite" if selection.get("full_suite") else "a PARTIAL run (a selection of the suite)"
+    if selection.get("subset"):
+        kind = f"a PARTIAL run (the named subset {selection['subset']!r})"
     return f"{kind}: " + "; ".join(parts)
 
 

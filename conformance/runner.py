@@ -31,6 +31,7 @@ from .expectations import load_expectations
 from .junit import write_junit
 from .preflight import check_arguments, check_selection, needs_selection_check, scratch_directory, sweep_stale_scratch
 from .report import OUTCOMES, area_of, mark_incomplete, write_report
+from .subsets import SUBSETS, subset_named
 
 if TYPE_CHECKING:  # imported where used: they import torch, which the command's --help does not need
     from .resolved_run import ResolvedRun
@@ -68,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-k", dest="keyword", metavar="EXPR", default=None, help="only tests matching this pytest -k expression"
     )
+    parser.add_argument("--subset", metavar="NAME", default=None,
+                        help="run a named subset of the suite (never conformant): "
+                        + "; ".join(f"{s.name}: {s.purpose}" for s in SUBSETS.values()))
     parser.add_argument(
         "-n",
         dest="numprocesses",
@@ -105,6 +109,8 @@ def pytest_arguments(args: argparse.Namespace, run: ResolvedRun, collecting: boo
         argv.append("--hal-strict")
     if args.keyword:
         argv += ["-k", args.keyword]
+    if getattr(args, "subset", None):
+        argv += ["-m", subset_named(args.subset).marker, "--hal-subset", args.subset]
     if args.numprocesses and not collecting:
         if importlib.util.find_spec("xdist") is None:
             raise InvalidArgumentError("-n needs pytest-xdist: pip install -e '.[test]' from the checkout")

@@ -243,7 +243,8 @@ def _run_reasons(doc: Mapping[str, Any]) -> list[str]:
         reasons.append(f"devices: {why or 'the test processes tested different backends or devices'}")
     if doc["mode"] != "full" or not doc["selection"].get("full_suite"):
         selection = doc["selection"]
-        named = ", ".join(f"{k} {selection[k]!r}" for k in ("keyword", "markexpr", "pytest_args") if selection.get(k))
+        named = ", ".join(f"{k} {selection[k]!r}" for k in ("subset", "keyword", "markexpr", "pytest_args")
+                          if selection.get(k))
         reasons.append(f"mode: a subset of the suite ran ({named or 'a selection'}), not the full suite")
     tests = doc["tests"]
     recomputed = overall_verdict({**doc, "summary": {o: sum(1 for t in tests if t["outcome"] == o) for o in OUTCOMES}})

@@ -143,6 +143,7 @@ def test_captured_swap_keeps_its_descriptor_values_from_capture_time(backend, me
         plan.assert_matches(plan.expected(before))  # exactly the capture-time copies; nothing else moved
 
 
+@pytest.mark.smoke
 @needs_capture
 def test_captured_swap_and_gather_replay_in_order(backend, memory):
     """Replay a captured host-to-device swap, then a gather that reads what the swap wrote."""

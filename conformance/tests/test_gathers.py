@@ -77,6 +77,7 @@ def _gather_and_check(backend, source: torch.Tensor, destination: torch.Tensor, 
 
 
 # ------------------------------------------------------------------------------------------ ids
+@pytest.mark.smoke
 @pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
 def test_gather_matches_the_reference_for_ids_of_dtype(backend, id_dtype):
     source = _random((64, 16, 72), torch.bfloat16, 1, backend.device)

@@ -93,6 +93,7 @@ def test_ipc_import_in_the_exporting_process_is_rejected(backend):
         backend.import_event(backend.device, handle)
 
 
+@pytest.mark.smoke
 def test_ipc_consumer_reads_exactly_the_bytes_written_before_the_record(backend_recipe):
     result = _pool_exchange(backend_recipe, cycles=5, size=64 * 1024, delay_first=True)
     assert result["failure"] is None, result["failure"]

@@ -94,6 +94,7 @@ def _assert_pinned_whole(backend, tensor: torch.Tensor) -> None:
     assert _regions_touching(backend, record.address, record.size), "a pinned tensor must be a swap region"
 
 
+@pytest.mark.smoke
 def test_pin_and_unpin_round_trip(backend):
     arena = _host(64 * PAGE)
     tensor = arena.inner.view(64, PAGE)

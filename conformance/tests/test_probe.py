@@ -116,6 +116,7 @@ def test_the_backend_under_test_is_selected_with_a_reason(backend_recipe, backen
     backend.check_available()
 
 
+@pytest.mark.smoke
 def test_backend_identity(backend):
     assert isinstance(backend.name, str) and backend.name.strip()
     assert isinstance(backend.device, torch.device)
@@ -136,6 +137,7 @@ def test_capabilities_are_a_stable_value(backend):
     json.dumps(first.as_dict())  # JSON-ready as documented
 
 
+@pytest.mark.smoke
 def test_capabilities_are_consistent(backend):
     caps = backend.capabilities
     assert caps.batch_copy in ("native", "loop")

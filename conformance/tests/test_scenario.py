@@ -74,6 +74,7 @@ def _assert_clean_run(result: ScenarioResult, path: str) -> None:
     assert peer.bytes_moved == STEPS * result.config.blocks_per_step * result.config.block_bytes + rows * ROW_BYTES
 
 
+@pytest.mark.smoke
 @pytest.mark.timeout(600)
 def test_two_ranks_run_1000_steps_on_the_path_capabilities_choose_and_every_read_verifies(backend_recipe, capabilities):
     before = _shm_files()

@@ -52,6 +52,7 @@ def pinned_stats(backend):
     arena.assert_canaries_intact()
 
 
+@pytest.mark.smoke
 def test_stats_counter_copies_into_pinned_host_memory(backend, pinned_stats):
     counter = _counter(backend)
     counter.view(torch.int64).copy_(torch.tensor([123456789, 42]).to(backend.device))

@@ -92,6 +92,7 @@ def test_member_takes_vllms_positional_arguments(backend, member):
     )
 
 
+@pytest.mark.smoke
 def test_members_vllm_calls_are_implemented(backend):
     """A subclass of vLLM's base that leaves a member vLLM calls as the base's NotImplementedError stub fails here."""
     impl = _implementation(backend)

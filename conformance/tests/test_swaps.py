@@ -85,7 +85,7 @@ def test_swap_of_an_empty_batch_copies_nothing(backend, memory):
         arena.assert_canaries_intact()
 
 
-@pytest.mark.parametrize("count", [1, 2, 8191, 8192, 8193, 50_000])
+@pytest.mark.parametrize("count", [1, 2, 8191, 8192, pytest.param(8193, marks=pytest.mark.smoke), 50_000])
 def test_swap_batch_of_n_descriptors_copies_every_byte(backend, memory, count):
     block = 48  # odd-ish block size: not a power of two, not 64-byte aligned
     src, dst = _ends(memory, backend, "device_to_host", count * block, seed=count)
