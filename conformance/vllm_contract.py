@@ -51,7 +51,8 @@ def _vllm_base() -> type:
     """vLLM's ``HiSparseBackend`` class.
 
     Raises:
-        InvalidArgumentError: vLLM is not importable here (one line, naming the version the contract needs).
+        InvalidArgumentError: vLLM is not importable here, or another release than the contract's is installed
+            (one line, naming the version the contract needs).
     """
     try:
         module = importlib.import_module("vllm.v1.hisparse.backend")
@@ -60,6 +61,15 @@ def _vllm_base() -> type:
             f"--vllm-backend needs vLLM {VLLM_VERSION} importable in this Python ({exc}); install vllm=={VLLM_VERSION} "
             "(ci/vllm-tests.sh shows how on a CPU machine)"
         ) from None
+    import vllm
+
+    installed = str(getattr(vllm, "__version__", "unknown"))
+    if installed != VLLM_VERSION:  # the plugin's rule too (integrations/vllm.py: register)
+        raise InvalidArgumentError(
+            f"--vllm-backend tests vLLM {VLLM_VERSION}'s HiSparseBackend contract, but vLLM {installed} is installed "
+            f"here (its members and op schemas may differ: 0.33 -> 0.34 changed three of the four schemas); install "
+            f"vllm=={VLLM_VERSION} in this environment"
+        )
     base: type = module.HiSparseBackend
     return base
 

@@ -7,7 +7,7 @@ import importlib.util
 import pickle
 import subprocess
 import sys
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ from hisparse_hal.conformance.contracts import HAL_CONTRACT
 from hisparse_hal.conformance.recipe import BackendRecipe
 from hisparse_hal.conformance.resolved_run import ResolvedRun
 from hisparse_hal.conformance.run_record import backend_under_test
-from hisparse_hal.conformance.vllm_contract import StreamEvent, VllmOpNames, suite_runtime
+from hisparse_hal.conformance.vllm_contract import StreamEvent, VllmOpNames, check_vllm_class, suite_runtime
 from hisparse_hal.errors import InvalidArgumentError
 
 no_vllm = pytest.mark.skipif(
@@ -43,6 +43,24 @@ def test_vllm_backend_without_vllm_is_a_one_line_usage_error(tmp_path):
 def test_resolving_a_vllm_class_without_vllm_names_vllm():
     with pytest.raises(InvalidArgumentError, match=r"--vllm-backend needs vLLM 0\.34\.0 importable"):
         ResolvedRun.resolve(vllm_class="anything:AtAll")
+
+
+@pytest.mark.parametrize("release", ["0.33.1", "0.34.1", "0.35.0rc1"])
+def test_another_vllm_release_is_refused_naming_both_versions(monkeypatch, release):
+    """The suite tests vLLM 0.34.0's contract only; any other installed release is refused before a class is
+    loaded (a stand-in vllm package, since vLLM itself is absent here or is 0.34.0)."""
+    package = ModuleType("vllm")
+    package.__version__ = release  # type: ignore[attr-defined]
+    backend_module = ModuleType("vllm.v1.hisparse.backend")
+    backend_module.HiSparseBackend = type("HiSparseBackend", (), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", package)
+    monkeypatch.setitem(sys.modules, "vllm.v1.hisparse.backend", backend_module)
+    with pytest.raises(InvalidArgumentError) as raised:
+        check_vllm_class("hisparse_hal.integrations.vllm_backend:CpuHiSparseBackend")
+    assert str(raised.value) == (
+        f"--vllm-backend tests vLLM 0.34.0's HiSparseBackend contract, but vLLM {release} is installed here (its "
+        "members and op schemas may differ: 0.33 -> 0.34 changed three of the four schemas); install vllm==0.34.0 "
+        "in this environment")
 
 
 def test_vllm_backend_excludes_backend_and_factory(tmp_path):
