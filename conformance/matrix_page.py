@@ -298,6 +298,8 @@ svg.chart{display:inline-block;margin:8px 16px 16px 0;max-width:100%}
 def _verdict_class(text: str) -> str:
     if text.startswith("INCOMPLETE"):
         return "v-incomplete"
+    if text.startswith("FAIL"):
+        return "v-fail"  # also "FAIL (INCOMPLETE n/N)": an area that failed before the run stopped
     return {"PASS": "v-pass", "PASS (partial)": "v-partial", "FAIL": "v-fail", "SKIPPED": "v-skipped",
             "n/a": "v-na", "-": "v-na"}.get(text, "v-incomplete")
 

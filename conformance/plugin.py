@@ -34,9 +34,8 @@ from .report import (
     area_of,
     build_results,
     overall_verdict,
-    render_summary,
-    selection_text,
     suite_test_id,
+    terminal_lines,
     write_report,
 )
 from .resolved_run import ResolvedRun
@@ -173,6 +172,11 @@ class ConformanceState:
         return backend_architectures(backend.capabilities.versions, self.run.probe_facts())
 
 
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    """Whether this process is pytest-xdist's controller (it runs no test; its workers collect and run them)."""
+    return bool(config.getoption("numprocesses", None)) and not _is_worker(config)
+
+
 def _resolved_run(config: pytest.Config) -> ResolvedRun:
     """The run's resolution: ``--hal-run`` (the runner's), the xdist controller's, or resolved here once."""
     given = config.getoption("hal_run")
@@ -282,6 +286,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "hal_extension: beyond vLLM 0.34.0's contract (a member hisparse-hal adds, or a behaviour vLLM's members do "
         "not promise); not in the vLLM contract's suite (see conformance/contracts.py)",
     )
+    for option, flag in (("setupplan", "--setup-plan"), ("setuponly", "--setup-only")):
+        if config.getoption(option, False):  # pytest reports every test passed without running it
+            raise pytest.UsageError(f"hisparse-hal conformance: {flag} runs no test, and pytest would report each "
+                                    "as passed; a conformance run is its tests")
     try:
         state = ConformanceState(config)
     except HalError as exc:
@@ -292,7 +300,7 @@ def pytest_configure(config: pytest.Config) -> None:
         ) from exc
     config.stash[STATE_KEY] = state
     config.pluginmanager.register(RunHooks(state), "hisparse-hal-conformance-run")
-    if not (config.getoption("numprocesses", None) and not _is_worker(config)):  # the xdist controller runs no test
+    if not _is_xdist_controller(config):  # the xdist controller runs no test
         try:
             state.backend()  # built once, here; a failure is reported by the header and by every test that needs it
         except BaseException:  # noqa: BLE001 - kept by the state, re-raised where the backend is used
@@ -355,7 +363,7 @@ def _accept_interrupts(config: pytest.Config, accept: bool) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if session.config.getoption("numprocesses", None) and not _is_worker(session.config):
+    if _is_xdist_controller(session.config):
         _accept_interrupts(session.config, True)
 
 
@@ -545,9 +553,12 @@ class RunHooks:
         self.state.selection.deselected += sum(1 for item in items if suite_test_id(item.nodeid) not in resumed)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if session.items and not self.state.selection.selected_ids:  # xdist: the controller learns them from a worker
-            ids = [suite_test_id(item.nodeid) for item in session.items]
-            self.state.selection.selected_ids = ids + sorted(self.state.resumed)  # a resumed run: both parts
+        state = self.state
+        if _is_xdist_controller(state.config) or state.selection.selected_ids:
+            return  # the xdist controller learns them from a worker (pytest_xdist_node_collection_finished)
+        ids = [suite_test_id(item.nodeid) for item in session.items]
+        # A resumed run: both parts (the last resume may have nothing left to run, yet its selection is whole).
+        state.selection.selected_ids = ids + sorted(state.resumed)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -688,8 +699,15 @@ def _unfinished(state: ConformanceState, session: pytest.Session) -> dict[str, A
     return None
 
 
+def _lists_only(config: pytest.Config) -> bool:
+    """Whether pytest only lists the tests (``--collect-only``): no run, so no report and no verdict."""
+    return bool(config.getoption("collectonly", False))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    if _lists_only(config):
+        return
     state = state_of(config)
     if _is_worker(config):
         config.workeroutput["hal_backend_facts"] = json.dumps(state.backend_facts, default=str)  # type: ignore[attr-defined]
@@ -701,6 +719,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if session.exitstatus == 0 and run_record.device_mismatch(_processes(state)):  # the verdict is FAIL
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     state.finished_incomplete = _unfinished(state, session)
+    if state.finished_incomplete and session.exitstatus == 0:  # the exit status agrees with the verdict
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     state.finished = time.time()
     final = _document(state, incomplete=state.finished_incomplete, finished=state.finished)  # reads worker facts
     if state.report_dir:
@@ -710,15 +730,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _lists_only(config):
+        return
     state = state_of(config)
     if _is_worker(config):
         return
     doc = _document(state, incomplete=state.finished_incomplete, finished=state.finished)
     terminalreporter.section("hisparse-hal conformance")
-    for line in render_summary(doc).splitlines():
-        if line.startswith(("|", "# ", "**INCOMPLETE", "**FAIL", "Run ")):
-            terminalreporter.write_line(line)
-    terminalreporter.write_line(selection_text(doc.get("selection")))
+    for line in terminal_lines(doc):
+        terminalreporter.write_line(line)
     for claim in doc["claims"]:
         terminalreporter.write_line(f"warning: the backend denies {claim['capability']}, but a probe found it "
                                     f"working: {claim['evidence']}")

@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -34,8 +35,9 @@ def check_arguments(args: argparse.Namespace) -> None:
 
     Raises:
         InvalidArgumentError: ``--timeout`` not a positive, finite number; ``-n`` neither ``auto``, ``logical``
-            nor a non-negative int; ``--subset`` not a named subset; ``-k`` not a valid pytest match expression
-            (pytest's own parser says why).
+            nor a non-negative int; ``--subset`` not a named subset; ``--pytest-args`` with an option after which
+            no test runs (``--collect-only``...); ``-k`` not a valid pytest match expression (pytest's own parser
+            says why).
     """
     timeout = args.timeout
     if timeout is None or not (math.isfinite(timeout) and timeout > 0):
@@ -46,6 +48,7 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise InvalidArgumentError(f"-n must be a number of processes, 'auto' or 'logical', got {value!r}")
     if getattr(args, "subset", None) is not None:
         subset_named(args.subset)
+    _refuse_options_that_run_nothing(args.pytest_args or "")
     if args.keyword:
         from _pytest.mark.expression import Expression
 
@@ -55,6 +58,26 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise InvalidArgumentError(
                 f"-k {args.keyword!r} is not a valid pytest expression: {exc.msg} (column {exc.offset})"
             ) from None
+
+
+#: pytest options after which no test runs: a report of such a run would read INCOMPLETE with every test missing.
+RUNS_NOTHING = ("--collect-only", "--co", "--setup-only", "--setup-plan", "--fixtures", "--fixtures-per-test",
+                "--markers", "--help", "-h", "--version", "-V")
+
+
+def _refuse_options_that_run_nothing(pytest_args: str) -> None:
+    """Raises: InvalidArgumentError: ``--pytest-args`` holds an option after which pytest runs no test."""
+    try:
+        words = shlex.split(pytest_args)
+    except ValueError:
+        return  # the runner names the quoting error itself
+    found = [w for w in words if w.split("=", 1)[0] in RUNS_NOTHING]
+    if found:
+        raise InvalidArgumentError(
+            f"--pytest-args {pytest_args!r}: {found[0]} runs no test, and a conformance run is its tests; list them "
+            "with 'python -m pytest -p hisparse_hal.conformance.plugin --pyargs hisparse_hal.conformance.tests "
+            "--collect-only -q'"
+        )
 
 
 def needs_selection_check(args: argparse.Namespace, factory_is_class: bool) -> bool:

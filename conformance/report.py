@@ -34,6 +34,7 @@ __all__ = [
     "mark_incomplete",
     "selection_text",
     "area_verdict",
+    "terminal_lines",
     "skip_kind",
     "CAPABILITY_SKIP_PREFIX",
     "PROBE_GATE_SKIP_PREFIX",
@@ -240,9 +241,9 @@ def verdict(counts: Mapping[str, int]) -> str:
 
 
 def area_verdict(counts: Mapping[str, int], selected: int | None, incomplete: bool) -> str:
-    """One area's verdict: FAIL when a test of it failed; in a run that did not finish, ``INCOMPLETE n/N`` when
-    fewer of its tests have an outcome than were selected (``N``; None: not recorded, so never PASS); else
-    :func:`verdict` of its counts.
+    """One area's verdict: FAIL when a test of it failed (``FAIL (INCOMPLETE n/N)`` when, besides, the run stopped
+    before the rest of the area ran); in a run that did not finish, ``INCOMPLETE n/N`` when fewer of its tests have
+    an outcome than were selected (``N``; None: not recorded, so never PASS); else :func:`verdict` of its counts.
 
     Args:
         counts: the area's outcome counts (``OUTCOMES`` keys).
@@ -250,9 +251,11 @@ def area_verdict(counts: Mapping[str, int], selected: int | None, incomplete: bo
         incomplete: whether the run did not finish.
     """
     base = verdict(counts)
-    if base == "FAIL" or not incomplete:
+    if not incomplete:
         return base
     ran = sum(counts.get(o, 0) for o in OUTCOMES)
+    if base == "FAIL":
+        return f"FAIL (INCOMPLETE {ran}/{selected})" if selected is not None and ran < selected else base
     if selected is None:
         return f"INCOMPLETE {ran}/?" if ran else base  # nothing recorded and nothing ran: nothing to say
     return f"INCOMPLETE {ran}/{selected}" if ran < selected else base
@@ -323,6 +326,13 @@ def run_text(doc: Mapping[str, Any]) -> str | None:
             f"device {name}{driver}; hisparse-hal {run.get('hisparse_hal_version') or '?'} (commit {commit}); "
             f"contract {contract}; suite {suite.get('version') or doc.get('suite_version')} sha256 {digest}; "
             f"mode {doc.get('mode') or '?'}.")
+
+
+def terminal_lines(doc: Mapping[str, Any]) -> list[str]:
+    """What a run prints at its end: ``summary.md``'s title, run line, verdict notes and table, then the selection."""
+    lines = [line for line in render_summary(doc).splitlines()
+             if line.startswith(("|", "# ", "**INCOMPLETE", "**FAIL", "Run "))]
+    return [*lines, selection_text(doc.get("selection"))]
 
 
 def render_summary(doc: Mapping[str, Any]) -> str:

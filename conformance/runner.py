@@ -30,7 +30,7 @@ from hisparse_hal.python_child import python_command, python_environment
 from .expectations import load_expectations
 from .junit import write_junit
 from .preflight import check_arguments, check_selection, needs_selection_check, scratch_directory, sweep_stale_scratch
-from .report import OUTCOMES, area_of, mark_incomplete, write_report
+from .report import OUTCOMES, area_of, mark_incomplete, terminal_lines, write_report
 from .subsets import SUBSETS, subset_named
 
 if TYPE_CHECKING:  # imported where used: they import torch, which the command's --help does not need
@@ -276,7 +276,8 @@ def _run_until_done(argv: list[str], directory: Path, env: dict[str, str]) -> tu
             why = f"after {len(crashed) + 1} crashes" if test is not None else "(no partial report to resume from)"
             print(f"hisparse-hal conformance: the test process died (exit status {code}); not resuming {why}; "
                   "the tests not yet run are missing from the report", file=sys.stderr)
-            mark_incomplete(directory, f"the test process died (exit status {code}) and the run was not resumed")
+            if mark_incomplete(directory, f"the test process died (exit status {code}) and the run was not resumed"):
+                _print_final_table(directory)  # the dead child printed none
             return 1, None
         crashed.append(test)
         print(f"hisparse-hal conformance: the test process died (exit status {code}) while running {test}; "
@@ -290,6 +291,13 @@ def _run_until_done(argv: list[str], directory: Path, env: dict[str, str]) -> tu
         )
         return EXIT_OF_PYTEST.get(code, 1) if code not in (0, 5) else 1, None
     return EXIT_OF_PYTEST.get(code, 1), None
+
+
+def _print_final_table(directory: Path) -> None:
+    """Print the end-of-run table of the report in ``directory`` and where it is, as a finished pytest run does."""
+    doc = json.loads((directory / "results.json").read_text(encoding="utf-8"))
+    print("\n".join(terminal_lines(doc)))
+    print(f"report: {directory / 'results.json'}, {directory / 'summary.md'}")
 
 
 def complete_crashed_report(directory: str | Path, code: int) -> str | None:

@@ -187,7 +187,10 @@ def test_an_area_cut_short_reads_incomplete_never_pass():
     assert area_verdict(counts, 2, incomplete=True) == "PASS"  # the area finished before the run stopped
     assert area_verdict(counts, None, incomplete=True) == "INCOMPLETE 2/?"
     assert area_verdict(counts, 51, incomplete=False) == "PASS"
-    assert area_verdict({**counts, "failed": 1}, 51, incomplete=True) == "FAIL"
+    assert area_verdict({**counts, "failed": 1}, 51, incomplete=True) == "FAIL (INCOMPLETE 3/51)"
+    assert area_verdict({**counts, "failed": 1}, 3, incomplete=True) == "FAIL"  # the area had finished
+    assert area_verdict({**counts, "failed": 1}, None, incomplete=True) == "FAIL"
+    assert area_verdict({**counts, "failed": 1}, 51, incomplete=False) == "FAIL"
     assert area_verdict(dict.fromkeys(counts, 0), 6, incomplete=True) == "INCOMPLETE 0/6"
     assert area_verdict(dict.fromkeys(counts, 0), None, incomplete=True) == "-", "nothing recorded, nothing ran"
 

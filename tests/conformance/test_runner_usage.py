@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -62,6 +63,12 @@ def test_a_malformed_keyword_is_pytests_own_error_before_the_run(tmp_path):
     (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
     (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
     (["--timeout", "inf"], "--timeout must be a positive number of seconds, got inf"),
+    (["--pytest-args", "--collect-only -q"], "--pytest-args '--collect-only -q': --collect-only runs no test, and a "
+     "conformance run is its tests; list them with 'python -m pytest -p hisparse_hal.conformance.plugin --pyargs "
+     "hisparse_hal.conformance.tests --collect-only -q'"),
+    (["--pytest-args", "-q --setup-plan"], "--pytest-args '-q --setup-plan': --setup-plan runs no test, and a "
+     "conformance run is its tests; list them with 'python -m pytest -p hisparse_hal.conformance.plugin --pyargs "
+     "hisparse_hal.conformance.tests --collect-only -q'"),
 ])
 def test_a_bad_option_value_is_one_line_naming_it(tmp_path, args, line):
     done = _conformance(tmp_path, "--backend", "cpu", *args)
@@ -129,3 +136,68 @@ def test_a_crashing_backend_prints_one_header_and_one_line_per_crash(tmp_path):
     assert len(crashes) == 3 and all("recorded as failed" in line for line in crashes), crashes
     assert "test_swap_batch_of_n_descriptors_copies_every_byte[8191]" in crashes[0]
     assert _left_in_tmpdir(tmp_path) == []
+    # The last resume had nothing left to run; the selection is still the run's three tests, not 0.
+    selection = json.loads((tmp_path / "r" / "results.json").read_text(encoding="utf-8"))["selection"]
+    assert (selection["selected"], selection["areas"], selection["per_area"]) == (3, ["swaps"], {"swaps": 3})
+    assert "3 tests selected; 260 deselected" in (tmp_path / "r" / "summary.md").read_text(encoding="utf-8")
+
+
+def test_a_run_given_up_after_crashes_prints_its_table_verdict_and_report(tmp_path, monkeypatch, capsys):
+    """The last child died, so it printed no table: the runner prints the INCOMPLETE report's, and the area the
+    crashes cut short reads FAIL (INCOMPLETE n/N), not a plain count that hides the tests never run."""
+    from hisparse_hal.cli import main
+    from hisparse_hal.conformance import runner
+
+    monkeypatch.setattr(runner, "MAX_CRASHES", 1)  # give up at the second crash instead of the 21st
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    report = tmp_path / "r"
+    code = main(["conformance", "--factory", "hisparse_hal.testing.broken_backends:SwapCrashesTheProcess",
+                 "--expectations", "none", "-k", "test_swap_batch_of_n_descriptors_copies_every_byte and 819",
+                 "--report", str(report)])
+    out = capsys.readouterr()
+    assert code == 1, out.out[-3000:] + out.err[-3000:]
+    assert "not resuming after 2 crashes" in out.err
+    doc = json.loads((report / "results.json").read_text(encoding="utf-8"))
+    assert doc["verdict"] == "INCOMPLETE" and doc["summary"]["failed"] == 2
+    printed = out.out.splitlines()
+    assert printed[-1] == f"report: {report / 'results.json'}, {report / 'summary.md'}"
+    assert "| Swaps | FAIL (INCOMPLETE 2/3) | 0 | 2 | 0 | 0 | 0 |" in printed
+    assert any(line.startswith("**INCOMPLETE**: the test process died") for line in printed)
+    assert "| Swaps | FAIL (INCOMPLETE 2/3) |" in (report / "summary.md").read_text(encoding="utf-8")
+
+
+_SKIPS_EVERY_RUN = """
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    return True  # claims each test handled and runs nothing: no report reaches the suite's plugin
+"""
+
+
+def test_a_direct_pytest_run_that_runs_nothing_exits_nonzero_with_its_incomplete_report(tmp_path):
+    """The exit status agrees with the verdict: a run whose selected tests never report (here a plugin that swallows
+    each test; in life an internal error) exits 0 on its own, so the report reads INCOMPLETE and the run exits 1.
+    --setup-plan, after which pytest reports every test passed without running it, is refused; --collect-only only
+    lists the tests and writes no report."""
+    (tmp_path / "swallow_every_test.py").write_text(_SKIPS_EVERY_RUN, encoding="utf-8")
+    base = [sys.executable, "-m", "pytest", "-p", "hisparse_hal.conformance.plugin", "--pyargs",
+            "hisparse_hal.conformance.tests", "-p", "no:cacheprovider", "-k", "test_stats", "--hal-backend", "cpu"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HISPARSE_HAL_")}
+    env["PYTHONPATH"] = str(tmp_path)
+    swallowed = subprocess.run([*base, "-p", "swallow_every_test", "--hal-report", str(tmp_path / "r")],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert swallowed.returncode == 1, swallowed.stdout[-3000:] + swallowed.stderr[-2000:]
+    doc = json.loads((tmp_path / "r" / "results.json").read_text(encoding="utf-8"))
+    assert doc["verdict"] == "INCOMPLETE" and doc["summary"]["passed"] == 0
+    assert doc["incomplete"]["reason"].startswith("the run stopped with 5 of 5 selected tests not run")
+    planned = subprocess.run([*base, "--setup-plan"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert planned.returncode == 4, planned.stdout[-3000:] + planned.stderr[-2000:]
+    assert ("ERROR: hisparse-hal conformance: --setup-plan runs no test, and pytest would report each as passed; a "
+            "conformance run is its tests") in planned.stderr
+    listed = subprocess.run([*base, "--collect-only", "-q", "--hal-report", str(tmp_path / "listed")], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert listed.returncode == 0, listed.stdout[-3000:]
+    assert "test_stats.py::test_stats_deltas_are_taken_modulo_two_to_the_64" in listed.stdout
+    assert "hisparse-hal conformance" not in listed.stdout and not (tmp_path / "listed" / "results.json").exists()
