@@ -39,6 +39,16 @@ python="${PYTHON:-python3}"
 summary="$outdir/summary.txt"
 failed=0
 
+# Every step runs in the checkout's root, where a plain (non-editable) install imports the root's own
+# hisparse_hal folder and stops: say so once, before any step, rather than as each step's failure.
+extras="test,$backend"
+[ "$backend" = cpu ] && extras="test"
+if ! import_error="$("$python" -c 'import hisparse_hal' 2>&1)"; then
+    echo "ci/gpu-check.sh: the package does not import in the checkout's root, where every step runs (install it" \
+        "editable first: pip install -e '.[$extras]'): ${import_error##*$'\n'}" >&2
+    exit 2
+fi
+
 # step NAME SECONDS COMMAND...: stdout to NAME.txt, stderr to NAME.err, status to summary.txt.
 step() {
     local name="$1" seconds="$2"

@@ -56,6 +56,24 @@ def _repo(tmp_path: Path) -> Path:
     return root
 
 
+def test_a_package_that_does_not_import_in_the_root_stops_the_check_in_one_line_before_any_step(tmp_path):
+    """A plain install run from the checkout's root imports the root's hisparse_hal folder, which stops: the check
+    says so once (exit 2, the import's own last line) instead of recording each step as failed. Modelled with
+    ``python -S``, under which the installed package cannot be found either."""
+    wrapper = tmp_path / "python-without-site"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n', encoding="utf-8")
+    wrapper.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(wrapper))
+    done = subprocess.run(["bash", "ci/gpu-check.sh", "cuda", str(tmp_path / "out")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("ci/gpu-check.sh: the package does not import in the checkout's root, where every step "
+                           "runs (install it editable first: pip install -e '.[test,cuda]'): ")
+    assert "ImportError: " in line or "ModuleNotFoundError: " in line  # the import's own last line
+    assert not (tmp_path / "out" / "summary.txt").exists()
+
+
 def test_carried_size_counts_the_tree_and_the_carried_paths_but_not_other_ignored_files(tmp_path):
     root = _repo(tmp_path)
     lines, ok = carried_size.report(root, ["carried"])
