@@ -416,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
                 print(format_row(FIGURE_COLUMNS, _TableRow(f, by_name.get("oracle"), by_name["torch_impl"])),
                       flush=True)
     except KeyboardInterrupt as exc:
-        raise _keep_measured(args.json, device, figures, f"interrupted ({exc or 'SIGINT'}) after {done} of "
+        raise _keep_measured(args.json, device, figures, f"interrupted ({str(exc) or 'SIGINT'}) after {done} of "
                              f"{len(cases)} cases", str(exc) or "SIGINT", done) from None
     if args.json:
         write_json(args.json, _document(device, figures))
