@@ -5,12 +5,19 @@
 # with its entry point. Then tests/integrations/with_vllm, and vLLM 0.34.0's own CPU-runnable HiSparse tests
 # (ci/vllm-own-tests.sh, about 30 s on 2 cores; it ends with how many of them called a hisparse-hal member).
 #
-# Usage: ci/vllm-tests.sh   (HISPARSE_VLLM_VENV=path reuses or places the venv; default: a fresh temp dir)
+# Usage: ci/vllm-tests.sh   (HISPARSE_VLLM_VENV=path reuses or places the venv, and keeps it; default: a fresh
+#        temp dir, removed when the script ends, however it ends: a few GB per run otherwise)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 start=$(date +%s)
-venv="${HISPARSE_VLLM_VENV:-$(mktemp -d)/venv-vllm}"
+if [ -n "${HISPARSE_VLLM_VENV:-}" ]; then
+    venv="$HISPARSE_VLLM_VENV"
+else
+    scratch="$(mktemp -d)"
+    trap 'rm -rf "$scratch"' EXIT
+    venv="$scratch/venv-vllm"
+fi
 python3 -m venv "$venv"
 # shellcheck disable=SC1091
 source "$venv/bin/activate"
