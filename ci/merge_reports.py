@@ -19,11 +19,9 @@ __all__ = ["load_report", "merge", "render_markdown", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns 0 when every row passes, 1 otherwise.
-
-    Raises:
-        SystemExit: a REPORT cannot be read or is not a conformance report (the message names it).
-    """
+    """Command-line entry point; returns 0 when every row passes, 1 when a row does not, 2 (one line on stderr naming
+    it, nothing written) when a REPORT cannot be read or is not a conformance report, as every hisparse-hal command
+    exits 2 for bad input."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", required=True, help="directory for compatibility.md, compatibility.json, index.html")
     parser.add_argument(
@@ -35,7 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         merged = merge([load_report(spec) for spec in args.reports])
     except InvalidArgumentError as exc:
-        raise SystemExit(f"merge_reports: {exc}") from None
+        print(f"merge_reports: {exc}", file=sys.stderr)
+        return 2
     paths = write_outputs(args.out, merged)
     print(render_markdown(merged))
     print(f"page: {paths['html']}")

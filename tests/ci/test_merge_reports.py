@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -65,11 +66,26 @@ def test_merge_reports_builds_one_row_per_machine(tmp_path):
     assert "MI300X ROCm 7.2: `test_swaps.py::t1`" in table
 
 
-def test_merge_reports_rejects_a_file_that_is_not_a_report(tmp_path):
+def _refused(merge, capsys, argv: list[str]) -> str:
+    """The one stderr line of a refused merge (exit 2, as every command exits for bad input)."""
+    assert merge.main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    return line
+
+
+def test_merge_reports_rejects_a_file_that_is_not_a_report(tmp_path, capsys):
     merge = _merge_module()
     (tmp_path / "x.json").write_text("{}")
-    with pytest.raises(SystemExit, match="not a conformance results.json"):
-        merge.main(["--out", str(tmp_path / "out"), str(tmp_path / "x.json")])
+    line = _refused(merge, capsys, ["--out", str(tmp_path / "out"), str(tmp_path / "x.json")])
+    assert line.startswith("merge_reports: ") and "not a conformance results.json" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_without_results_json_is_refused_with_exit_2(tmp_path, capsys):
+    merge = _merge_module()
+    (tmp_path / "empty").mkdir()
+    line = _refused(merge, capsys, ["--out", str(tmp_path / "out"), str(tmp_path / "empty")])
+    assert line.startswith("merge_reports: ") and str(tmp_path / "empty") in line
 
 
 # ------------------------------------------------------------------------------------------ six kinds of report
@@ -180,20 +196,20 @@ def test_rows_with_the_same_automatic_label_are_told_apart_by_their_source(tmp_p
     assert labels == [f"cpu (registry) on cpu [{a / 'results.json'}]", f"cpu (registry) on cpu [{b / 'results.json'}]"]
 
 
-def test_an_unreadable_bench_json_is_refused_by_name(tmp_path):
+def test_an_unreadable_bench_json_is_refused_by_name(tmp_path, capsys):
     merge = _merge_module()
     folder = reports.write(tmp_path / "r", reports.full_pass())
     (folder / "bench.json").write_text("{not json")
-    with pytest.raises(SystemExit, match=r"cannot read benchmark figures .*r/bench.json"):
-        merge.main(["--out", str(tmp_path / "out"), str(folder)])
+    line = _refused(merge, capsys, ["--out", str(tmp_path / "out"), str(folder)])
+    assert re.search(r"cannot read benchmark figures .*r/bench.json", line), line
     assert not (tmp_path / "out").exists(), "nothing is written when an input is refused"
 
 
-def test_a_report_with_a_malformed_test_entry_is_refused_by_name(tmp_path):
+def test_a_report_with_a_malformed_test_entry_is_refused_by_name(tmp_path, capsys):
     merge = _merge_module()
     doc = reports.full_pass()
     del doc["tests"][2]["outcome"]
     folder = reports.write(tmp_path / "r", doc)
-    with pytest.raises(SystemExit, match=r"r/results.json: every tests\[\] entry needs id, area and outcome; got "
-                                         r"\[\{'id': 'test_probe.py::test_probe_2'"):
-        merge.main(["--out", str(tmp_path / "out"), str(folder)])
+    line = _refused(merge, capsys, ["--out", str(tmp_path / "out"), str(folder)])
+    assert re.search(r"r/results.json: every tests\[\] entry needs id, area and outcome; got "
+                     r"\[\{'id': 'test_probe.py::test_probe_2'", line), line
