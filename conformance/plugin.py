@@ -390,7 +390,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     results = state.run.probe_results()
     lines = [
         f"hisparse-hal conformance suite {SUITE_VERSION}; backend under test: {state.recipe.describe()}",
-        f"expectations: {state.expectations_path or 'none'} ({len(state.expectations.entries)} entries)"
+        f"expectations: {state.expectations_path or 'none'} ({len(state.expectations.entries)} "
+        f"entr{'y' if len(state.expectations.entries) == 1 else 'ies'})"
         + ("; strict" if state.strict else ""),
         f"torch {torch.__version__} (cuda {torch.version.cuda}, hip {getattr(torch.version, 'hip', None)}); "
         f"python {platform.python_version()}; {platform.platform()}",

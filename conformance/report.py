@@ -287,7 +287,8 @@ def selection_text(selection: Mapping[str, Any] | None) -> str:
     """One line saying which part of the suite ran (``-k``, ``-m``, further pytest arguments, counts)."""
     if not selection:
         return "selection: not recorded (a report from before suite selections were recorded)"
-    parts = [f"{selection.get('selected', '?')} tests selected", f"{selection.get('deselected', 0)} deselected"]
+    selected = selection.get("selected", "?")
+    parts = [f"{selected} test{'' if selected == 1 else 's'} selected", f"{selection.get('deselected', 0)} deselected"]
     for key, flag in (("keyword", "-k"), ("markexpr", "-m")):
         if selection.get(key):
             parts.append(f"{flag} {selection[key]!r}")

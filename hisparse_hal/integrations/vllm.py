@@ -482,7 +482,10 @@ def check() -> dict[str, Any]:
     """
     version = _vllm_version()
     if version is None:
-        return {**_empty(version), "plugin": register().as_dict()}
+        return {**_empty(version), "plugin": register().as_dict(),
+                "blockers": [f"vLLM is not installed in this Python: hisparse-hal implements vLLM {VLLM_VERSION}'s "
+                             f"HiSparse contract (pip install --no-deps vllm=={VLLM_VERSION}; ci/vllm-tests.sh shows "
+                             "the rest on a CPU machine)"]}
     try:
         from vllm.plugins import load_general_plugins
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from tests.ci import matrix_reports as reports
 

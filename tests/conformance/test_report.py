@@ -21,6 +21,7 @@ from hisparse_hal.conformance.report import (
     mark_incomplete,
     overall_verdict,
     render_summary,
+    selection_text,
     skip_kind,
     suite_test_id,
     write_report,
@@ -289,3 +290,11 @@ def test_marking_a_format_2_report_incomplete_keeps_its_verdict_in_step(tmp_path
     assert json.loads((tmp_path / "results.json").read_text())["verdict"] == "PASS"
     mark_incomplete(tmp_path, "the test process died (exit status -11) and the run was not resumed")
     assert json.loads((tmp_path / "results.json").read_text())["verdict"] == "INCOMPLETE"
+
+
+def test_the_selection_line_counts_one_test_in_the_singular():
+    one = {"selected": 1, "deselected": 262, "keyword": "test_backend_identity", "full_suite": False}
+    assert selection_text(one) == ("a PARTIAL run (a selection of the suite): 1 test selected; 262 deselected; "
+                                   "-k 'test_backend_identity'")
+    two = selection_text({**one, "selected": 2})
+    assert two.startswith("a PARTIAL run (a selection of the suite): 2 tests selected")

@@ -43,6 +43,9 @@ def test_vllm_check_json_reports_vllm_missing_and_exits_1(capsys: pytest.Capture
     report = json.loads(capsys.readouterr().out)
     assert report["vllm_installed"] is False and report["hisparse_can_run"] is False
     assert report["plugin"]["state"] == "no-vllm"
+    assert report["blockers"] == [  # hisparse_can_run is false for a reason the report names
+        "vLLM is not installed in this Python: hisparse-hal implements vLLM 0.34.0's HiSparse contract (pip install "
+        "--no-deps vllm==0.34.0; ci/vllm-tests.sh shows the rest on a CPU machine)"]
 
 
 @pytest.mark.parametrize("name, value", [(plugin.BACKEND_ENV, "tpu"), (plugin.ROCM_ROUTES_ENV, "yes")])
