@@ -230,6 +230,22 @@ def test_a_suite_file_runs_by_its_path_from_the_checkout(tmp_path):
     assert "a PARTIAL run (a selection of the suite)" in done.stdout  # one file is not the whole suite
 
 
+@pytest.mark.parametrize("how", ["import_name", "path"])
+def test_a_suite_file_given_from_another_directory_keeps_the_suites_test_ids(tmp_path, how):
+    """pytest names a file it was given outside its rootdir "" (``::test_x``); the suite names it by its file, so
+    test ids, areas, expectations and must-pass lists read the same as in a runner's run."""
+    target = (["--pyargs", "hisparse_hal.conformance.tests.test_stats"] if how == "import_name"
+              else [str(REPO / "conformance" / "tests" / "test_stats.py")])
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "hisparse_hal.conformance.plugin", "-p", "no:xdist",
+                           "-p", "no:cacheprovider", "--hal-backend", "cpu", "--hal-report", str(tmp_path / "r"),
+                           *target], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert {t["area"] for t in doc["tests"]} == {"stats"}
+    assert all(t["id"].startswith("test_stats.py::test_") for t in doc["tests"]), [t["id"] for t in doc["tests"]]
+    assert doc["selection"]["areas"] == ["stats"]
+
+
 def test_commands_run_from_the_unpacked_wheel_in_another_directory(wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
