@@ -122,6 +122,8 @@ def _mode(doc: Mapping[str, Any]) -> str:
 def _short_commit(commit: Any) -> str:
     if not commit:
         return NOT_RECORDED
+    if commit == "not a checkout":
+        return commit
     sha, _, rest = str(commit).partition(" ")
     return sha[:10] + (f" {rest}" if rest else "")
 
@@ -150,7 +152,8 @@ def _run_fields(doc: Mapping[str, Any]) -> dict[str, Any]:
         "finished": run.get("finished") or NOT_RECORDED,
         "date": _date(run.get("started")),
         "hisparse_hal_version": run.get("hisparse_hal_version") or NOT_RECORDED,
-        "commit": run.get("commit") or NOT_RECORDED,
+        # A format-2 run records a null commit when hisparse-hal was not installed from a git checkout.
+        "commit": run.get("commit") or ("not a checkout" if "commit" in run else NOT_RECORDED),
         "host": run.get("host") or NOT_RECORDED,
         "device_type": device.get("type") or NOT_RECORDED,
         "device_driver": device.get("driver") or NOT_RECORDED,

@@ -246,3 +246,15 @@ def test_a_bench_json_without_figures_says_so_on_the_page(tmp_path):
     folder = reports.write(tmp_path / "r", reports.full_pass(), {"backend": "cpu"})
     page = matrix_page.render_html(matrix_page.merge([matrix_page.load_report(str(folder))]))
     assert "bench.json holds no figures this page can plot." in page and "<svg" not in page
+
+
+def test_a_run_from_a_plain_install_reads_not_a_checkout_as_its_header_does(tmp_path):
+    doc = reports.full_pass()
+    doc["run"]["commit"] = None  # recorded: hisparse-hal was not installed from a git checkout
+    (row,) = matrix_page.merge([matrix_page.ReportInput(None, doc, str(tmp_path / "results.json"))])["rows"]
+    assert row["commit"] == "not a checkout"
+    assert "0.9.0<br>not a checkout" in matrix_page.render_html(matrix_page.merge(
+        [matrix_page.ReportInput(None, doc, str(tmp_path / "results.json"))]))
+    del doc["run"]["commit"]  # not recorded at all
+    (row,) = matrix_page.merge([matrix_page.ReportInput(None, doc, str(tmp_path / "results.json"))])["rows"]
+    assert row["commit"] == matrix_page.NOT_RECORDED
