@@ -34,6 +34,7 @@ from .report import (
     area_of,
     build_results,
     overall_verdict,
+    report_lines,
     suite_test_id,
     terminal_lines,
     write_report,
@@ -750,6 +751,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for text in state.unmatched:
             terminalreporter.write_line(f"{verb}: expectation entry matches no test: {text}")
     if state.report_dir:
-        terminalreporter.write_line(
-            f"report: {Path(state.report_dir) / 'results.json'}, {Path(state.report_dir) / 'summary.md'}"
-        )
+        for line in report_lines(state.report_dir):
+            terminalreporter.write_line(line)

@@ -35,6 +35,7 @@ __all__ = [
     "selection_text",
     "area_verdict",
     "terminal_lines",
+    "report_lines",
     "skip_kind",
     "CAPABILITY_SKIP_PREFIX",
     "PROBE_GATE_SKIP_PREFIX",
@@ -327,6 +328,13 @@ def run_text(doc: Mapping[str, Any]) -> str | None:
             f"device {name}{driver}; hisparse-hal {run.get('hisparse_hal_version') or '?'} (commit {commit}); "
             f"contract {contract}; suite {suite.get('version') or doc.get('suite_version')} sha256 {digest}; "
             f"mode {doc.get('mode') or '?'}.")
+
+
+def report_lines(directory: str | Path) -> list[str]:
+    """Where a run's report is, and what to do with it next (the README's path: verify, then merge)."""
+    folder = Path(directory)
+    return [f"report: {folder / 'results.json'}, {folder / 'summary.md'}",
+            f"next: hisparse-hal verify {folder} (CONFORMANT or NOT CONFORMANT, with every reason)"]
 
 
 def terminal_lines(doc: Mapping[str, Any]) -> list[str]:

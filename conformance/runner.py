@@ -30,7 +30,7 @@ from hisparse_hal.python_child import python_command, python_environment
 from .expectations import load_expectations
 from .junit import write_junit
 from .preflight import check_arguments, check_selection, needs_selection_check, scratch_directory, sweep_stale_scratch
-from .report import OUTCOMES, area_of, mark_incomplete, terminal_lines, write_report
+from .report import OUTCOMES, area_of, mark_incomplete, report_lines, terminal_lines, write_report
 from .subsets import SUBSETS, subset_named
 
 if TYPE_CHECKING:  # imported where used: they import torch, which the command's --help does not need
@@ -297,7 +297,7 @@ def _print_final_table(directory: Path) -> None:
     """Print the end-of-run table of the report in ``directory`` and where it is, as a finished pytest run does."""
     doc = json.loads((directory / "results.json").read_text(encoding="utf-8"))
     print("\n".join(terminal_lines(doc)))
-    print(f"report: {directory / 'results.json'}, {directory / 'summary.md'}")
+    print("\n".join(report_lines(directory)))
 
 
 def complete_crashed_report(directory: str | Path, code: int) -> str | None:

@@ -160,7 +160,8 @@ def test_a_run_given_up_after_crashes_prints_its_table_verdict_and_report(tmp_pa
     doc = json.loads((report / "results.json").read_text(encoding="utf-8"))
     assert doc["verdict"] == "INCOMPLETE" and doc["summary"]["failed"] == 2
     printed = out.out.splitlines()
-    assert printed[-1] == f"report: {report / 'results.json'}, {report / 'summary.md'}"
+    assert printed[-2:] == [f"report: {report / 'results.json'}, {report / 'summary.md'}",
+                            f"next: hisparse-hal verify {report} (CONFORMANT or NOT CONFORMANT, with every reason)"]
     assert "| Swaps | FAIL (INCOMPLETE 2/3) | 0 | 2 | 0 | 0 | 0 |" in printed
     assert any(line.startswith("**INCOMPLETE**: the test process died") for line in printed)
     assert "| Swaps | FAIL (INCOMPLETE 2/3) |" in (report / "summary.md").read_text(encoding="utf-8")

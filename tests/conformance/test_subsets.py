@@ -56,6 +56,7 @@ def test_an_unknown_subset_is_one_line_before_any_work(tmp_path):
 def test_a_smoke_run_passes_is_recorded_by_name_and_is_not_conformant(tmp_path, collected):
     done = _conformance(tmp_path, "--backend", "cpu", "--subset", "smoke", "--report", str(tmp_path / "r"))
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert f"next: hisparse-hal verify {tmp_path / 'r'} (CONFORMANT or NOT CONFORMANT" in done.stdout
     doc = json.loads((tmp_path / "r" / "results.json").read_text(encoding="utf-8"))
     expected = sorted(i for i, markers in collected if "smoke" in markers)
     assert sorted(t["id"] for t in doc["tests"]) == expected
