@@ -44,8 +44,10 @@ failed=0
 extras="test,$backend"
 [ "$backend" = cpu ] && extras="test"
 if ! import_error="$("$python" -c 'import hisparse_hal' 2>&1)"; then
-    echo "ci/gpu-check.sh: the package does not import in the checkout's root, where every step runs (install it" \
-        "editable first: pip install -e '.[$extras]'): ${import_error##*$'\n'}" >&2
+    message="the package does not import in the checkout's root, where every step runs (install it editable"
+    message+=" first: pip install -e '.[$extras]'): ${import_error##*$'\n'}"
+    echo "ci/gpu-check.sh: $message" >&2
+    echo "precondition: $message" >"$summary"  # what a device run brings back (ci/device-run.sh)
     exit 2
 fi
 

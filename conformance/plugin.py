@@ -27,6 +27,14 @@ from .collection import pytest_collect_directory, pytest_pycollect_makemodule  #
 from .expectations import Expectations, backend_architectures, load_expectations
 from .junit import CAPABILITY_SKIP_PREFIX, PROBE_GATE_SKIP_PREFIX
 from .mustpass import suite_digest
+from .process_facts import (
+    backend_facts,
+    device_identity_of,
+    environment_facts,
+    publish_worker_facts,
+    published_facts,
+    record_processes,
+)
 from .recipe import BackendRecipe
 from .report import (
     AREAS,
@@ -40,6 +48,7 @@ from .report import (
     write_report,
 )
 from .resolved_run import ResolvedRun
+from .selection import Selection
 from .subsets import SUBSETS
 
 pytest_plugins = ("hisparse_hal.conformance.fixtures",)
@@ -52,52 +61,6 @@ CLAIM_PROPERTY = "hal_claim"
 
 class UnmatchedExpectationWarning(UserWarning):
     """An expectations entry matched no test of the suite (a stale id or a typo)."""
-
-
-class Selection:
-    """Which part of the suite a run selected: ``-k``, ``-m``, the runner's further pytest arguments, and the
-    counts of selected and deselected tests (tests a crash-resumed run already recorded are not deselected)."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.keyword = config.getoption("keyword", "") or ""
-        self.markexpr = config.getoption("markexpr", "") or ""
-        self.pytest_args = config.getoption("hal_pytest_args") or ""
-        self.subset = config.getoption("hal_subset") or None  # a named subset (conformance/subsets.py)
-        # pytest's own positional arguments: the runner's are the suite's package; a direct `pytest FILE` names less.
-        self.paths = [arg for arg in config.args if not _is_whole_suite(arg)]
-        self.selected_ids: list[str] = []
-        self.deselected = 0
-
-    def narrowing_args(self) -> list[str]:
-        """Further pytest arguments that run less than the suite: paths, node ids, ``--deselect`` and the like."""
-        import shlex
-
-        narrowing = ("--deselect", "--ignore", "--ignore-glob", "--lf", "--last-failed", "--sw", "--stepwise",
-                     "--stepwise-skip", "-x", "--exitfirst", "--maxfail")
-        try:
-            words = shlex.split(self.pytest_args)
-        except ValueError:
-            return [self.pytest_args]
-        return self.paths + [w for w in words if not w.startswith("-") or w.split("=", 1)[0] in narrowing]
-
-    def as_dict(self) -> dict[str, Any]:
-        """The ``selection`` entry of ``results.json``."""
-        areas = sorted({area_of(i) for i in self.selected_ids}, key=lambda a: AREAS.index(a) if a in AREAS else 99)
-        full = not (self.keyword or self.markexpr or self.subset or self.deselected or self.narrowing_args())
-        per_area: dict[str, int] = {}
-        for test_id in self.selected_ids:
-            per_area[area_of(test_id)] = per_area.get(area_of(test_id), 0) + 1
-        return {"keyword": self.keyword or None, "markexpr": self.markexpr or None, "subset": self.subset,
-                "pytest_args": self.pytest_args or None, "selected": len(self.selected_ids),
-                "deselected": self.deselected, "areas": areas, "full_suite": full,
-                "per_area": {a: per_area[a] for a in areas}}
-
-
-def _is_whole_suite(arg: str) -> bool:
-    """Whether a pytest positional argument names the whole suite: its package or its tests folder."""
-    if arg == f"{__package__}.tests":
-        return True
-    return Path(arg).resolve() == Path(__file__).resolve().with_name("tests")
 
 
 class ConformanceState:
@@ -151,7 +114,7 @@ class ConformanceState:
             try:
                 self._backend = self.run.build()
                 self.backend_facts = backend_facts(self._backend)
-                self.backend_facts["device_identity"] = _device_identity(self._backend, self.run.probe_facts())
+                self.backend_facts["device_identity"] = device_identity_of(self._backend, self.run.probe_facts())
                 self.backend_facts["process"] = self.process_label()
             except BaseException as exc:  # re-raised by every test that needs the backend
                 self._backend_error = exc
@@ -188,54 +151,6 @@ def _resolved_run(config: pytest.Config) -> ResolvedRun:
         return ResolvedRun.from_json(inherited)
     return ResolvedRun.resolve(config.getoption("hal_backend"), config.getoption("hal_factory"),
                                config.getoption("hal_expectations"), config.getoption("hal_vllm_backend"))
-
-
-def backend_facts(backend: Any) -> dict[str, Any]:
-    """JSON-ready facts of a constructed backend: class, device, capabilities, architectures."""
-    caps = backend.capabilities
-    return {
-        "backend_name": backend.name,
-        "backend_class": f"{type(backend).__module__}:{type(backend).__qualname__}",
-        "device": str(backend.device),
-        "capabilities": caps.as_dict(),
-        "architectures": list(backend_architectures(caps.versions, {})),
-    }
-
-
-def _device_identity(backend: Any, probe_facts: dict[str, Any]) -> dict[str, str | None]:
-    """``run.device`` of the built backend (see :func:`run_record.device_identity`); torch names a GPU only
-    when the probe facts and ``capabilities.versions`` do not."""
-    device = str(backend.device)
-    versions = dict(backend.capabilities.versions)
-    torch_name = None
-    gpu = run_record.device_identity(device, versions, probe_facts)
-    if device != "cpu" and not gpu["name"]:
-        import torch
-
-        try:
-            where = torch.device(device)
-            torch_name = torch.get_device_module(where).get_device_name(where)
-        except (RuntimeError, AssertionError, ValueError, AttributeError):  # a device module without names
-            torch_name = None
-    return run_record.device_identity(device, versions, probe_facts, torch_name)
-
-
-def environment_facts(run: ResolvedRun) -> dict[str, Any]:
-    """Facts that make a run reproducible without constructing the backend (from what the run resolved)."""
-    import torch
-
-    facts = run.probe_facts()
-    return {
-        "recipe": run.recipe.describe(),
-        "probe": {k: v for k, v in facts.items()},
-        "torch": torch.__version__,
-        "torch_cuda": getattr(torch.version, "cuda", None),
-        "torch_hip": getattr(torch.version, "hip", None),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HISPARSE_")},
-        "architectures": list(backend_architectures({}, facts)),
-    }
 
 
 # ------------------------------------------------------------------------------------------ options
@@ -310,33 +225,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _publish_worker_facts(state: ConformanceState) -> None:
-    """An xdist worker leaves its backend's facts beside the gate file at once, so that the controller's report
-    names the device and capabilities even when the run is interrupted before any worker ends."""
+    """An xdist worker publishes its backend's facts at once (see :func:`process_facts.publish_worker_facts`)."""
     if not (_is_worker(state.config) and state.gate_file and state.backend_facts):
         return
     worker = state.config.workerinput.get("workerid", "gw")  # type: ignore[attr-defined]
-    target = Path(state.gate_file).with_name(f"facts-{worker}.json")
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(state.backend_facts, default=str), encoding="utf-8")
-    os.replace(tmp, target)
-
-
-def _published_facts(state: ConformanceState) -> list[dict[str, Any]]:
-    """The backend facts the xdist workers published, in worker order (empty: none yet)."""
-    if not state.gate_file:
-        return []
-    found = []
-    for path in sorted(Path(state.gate_file).parent.glob("facts-*.json")):
-        try:
-            found.append(dict(json.loads(path.read_text(encoding="utf-8"))))
-        except (OSError, ValueError):
-            continue
-    return found
+    publish_worker_facts(state.gate_file, worker, state.backend_facts)
 
 
 def _worker_facts(state: ConformanceState) -> dict[str, Any]:
     """The backend facts the first xdist worker published (empty: none yet)."""
-    published = _published_facts(state)
+    published = published_facts(state.gate_file)
     return published[0] if published else {}
 
 
@@ -344,10 +242,7 @@ def _processes(state: ConformanceState) -> dict[str, dict[str, Any]]:
     """Every test process of the run so far with what it tested: this process (when it built the backend), the
     xdist workers, and the processes of the run before a crash (from the report it resumes). Kept in the state,
     so the report written after the workers' files are removed still lists them."""
-    for facts in [state.backend_facts, *_published_facts(state)]:
-        if facts.get("process") and facts.get("backend_class"):
-            state.processes[str(facts["process"])] = run_record.process_identity(facts)
-    return state.processes
+    return record_processes(state.processes, [state.backend_facts, *published_facts(state.gate_file)])
 
 
 # The runner starts pytest with SIGINT blocked: an interrupt while modules import (pytest's plugins, the test

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ def test_gpu_check_without_outdir_writes_under_ignored_reports_and_the_checkout_
     repo = _scratch_repo(tmp_path, "gpu-check.sh")
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
     env["GPU_CHECK_STEPS"] = "none-of-them"
+    env["PYTHON"] = sys.executable  # the check's one precondition: the package imports in the checkout's root
     done = subprocess.run(["bash", str(repo / "ci" / "gpu-check.sh"), "cuda"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
