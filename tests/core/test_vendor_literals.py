@@ -52,8 +52,8 @@ ALLOWED: dict[tuple[str, str, str], tuple[int, str]] = {
     ("hisparse_hal.conformance.vllm_contract", "VllmContractView.capture", "torch.cuda"): (6, _VLLM_GRAPH),
     ("hisparse_hal.conformance.vllm_contract", "graph_capture_available", "'cuda'"): (1, _VLLM_GRAPH),
     ("hisparse_hal.conformance.vllm_contract", "graph_capture_available", "torch.cuda"): (1, _VLLM_GRAPH),
-    ("hisparse_hal.conformance.plugin", "environment_facts", "'cuda'"): (1, _REPORT),
-    ("hisparse_hal.conformance.plugin", "environment_facts", "'hip'"): (1, _REPORT),
+    ("hisparse_hal.conformance.process_facts", "environment_facts", "'cuda'"): (1, _REPORT),
+    ("hisparse_hal.conformance.process_facts", "environment_facts", "'hip'"): (1, _REPORT),
     ("hisparse_hal.conformance.plugin", "pytest_report_header", "'hip'"): (1, _REPORT),
     ("hisparse_hal.conformance.plugin", "pytest_report_header", "torch.version.cuda"): (1, _REPORT),
     # bench/: the simulated-vendor benchmark and vLLM's CUDA-only kernels.
