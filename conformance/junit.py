@@ -3,7 +3,8 @@ ingest. One ``<testcase>`` per conformance test; expected failures and skips car
 
 Invariant: written from the final report (after any crash-resume), so it counts exactly the tests ``results.json`` does,
 plus, for a run that did not finish, one ``<error>`` case saying so (a CI page never shows an interrupted run green).
-The selection (``-k``, full suite or not, deselected count), the verdict and the contract are kept as properties;
+The selection (``-k``, a named subset, full suite or not, selected and deselected counts), the verdict, a
+device mismatch between test processes and the contract are kept as properties;
 a ``--strict`` run with unmatched expectation entries has one failing case saying so (its verdict is FAIL).
 """
 
@@ -78,8 +79,10 @@ def render_junit(doc: Mapping[str, Any]) -> str:
                        ("torch", facts.get("torch")), ("device", facts.get("device")),
                        ("verdict", overall_verdict(doc)), ("incomplete", "true" if incomplete else None),
                        ("full_suite", str(selection["full_suite"]).lower() if "full_suite" in selection else None),
-                       ("deselected", selection.get("deselected")), ("keyword", selection.get("keyword")),
-                       ("markexpr", selection.get("markexpr")), ("pytest_args", selection.get("pytest_args"))):
+                       ("selected", selection.get("selected")), ("deselected", selection.get("deselected")),
+                       ("subset", selection.get("subset")), ("keyword", selection.get("keyword")),
+                       ("markexpr", selection.get("markexpr")), ("pytest_args", selection.get("pytest_args")),
+                       ("device_mismatch", (doc.get("device_mismatch") or {}).get("reason"))):
         if value is not None:
             ET.SubElement(properties, "property", {"name": key, "value": str(value)})
     for test in tests:

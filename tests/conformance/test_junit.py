@@ -84,3 +84,16 @@ def test_skip_kinds_follow_the_plugins_wording():
     assert skip_kind("not on this platform (expectations cpu/expectations.toml)") == "expectation"
     assert skip_kind("needs two devices") == "skipped"
     assert render_junit(DOC).startswith('<?xml version="1.0" encoding="utf-8"?>\n<testsuites ')
+
+
+def test_the_selection_counts_subset_and_a_device_mismatch_are_properties(tmp_path):
+    doc = {**DOC, "selection": {"full_suite": False, "selected": 12, "deselected": 251, "subset": "smoke",
+                                "markexpr": "smoke"},
+           "device_mismatch": {"reason": "the test processes did not test one backend on one device (...)"}}
+    suite = ET.fromstring(render_junit(doc).split("\n", 1)[1]).find("testsuite")
+    assert suite is not None
+    props = {p.attrib["name"]: p.attrib["value"] for p in suite.iter("property")}
+    assert {k: props[k] for k in ("selected", "deselected", "subset", "markexpr", "full_suite", "verdict")} == {
+        "selected": "12", "deselected": "251", "subset": "smoke", "markexpr": "smoke", "full_suite": "false",
+        "verdict": "FAIL"}
+    assert props["device_mismatch"].startswith("the test processes did not test one backend on one device")
